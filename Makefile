@@ -1,0 +1,53 @@
+# The two set-up commands: `make demo` and `make test`. Both create .venv from
+# nothing but Python >= 3.11. Torch: the CPU build 2.13.0 where no NVIDIA GPU is
+# present (pip finds it locally on our machines; a bare `torch` would pull a
+# multi-GB CUDA build); the default PyPI (CUDA) build where nvidia-smi works.
+# Override with `make test TORCH_SPEC='torch==2.13.0 --index-url ...'`.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+
+.PHONY: demo test check lint typecheck pytest install install-dev clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e .
+	@touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e '.[dev]'
+	@touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/agentinfra info
+
+lint: install-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: install-dev
+	$(BIN)/mypy
+
+# pytest exits 5 when it collects no tests: for this project that is a failure.
+pytest: install-dev
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
+	exit $$rc
+
+test: lint typecheck pytest
+
+check: test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

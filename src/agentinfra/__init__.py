@@ -1,0 +1,9 @@
+"""agentinfra: infrastructure for running AI agents at scale.
+
+Importing the package stays cheap: it holds the version only. Components live in
+subpackages (`kvcache`, `harness`, `environments`, `agent`, `cli`).
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__"]

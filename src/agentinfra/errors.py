@@ -1,0 +1,77 @@
+"""The one exception tree of agentinfra.
+
+Raise only when agentinfra itself cannot do what it was asked; expected outcomes
+(a cache miss, a failed or cheating submission, a timed-out candidate) are values,
+never exceptions. Third-party exceptions are translated at the component boundary
+(``raise TierUnavailableError(...) from exc``).
+
+::
+
+    AgentInfraError
+    ├── ConfigError              a setting or argument has a bad value
+    ├── KVCacheError             kvcache/
+    │   ├── BlockFormatError     a block's bytes are not a block this version reads
+    │   ├── StoreLockedError     a store directory is owned by another store, or is not a store
+    │   ├── TierUnavailableError a tier (disk, server, Redis) cannot be reached
+    │   └── TraceFormatError     a request trace line is malformed
+    ├── HarnessError             harness/ (runs, journal, queue, reports)
+    ├── TaskEnvironmentError     environments/ (problems, graders)
+    └── AgentError               agent/ (model endpoint, tools, loop)
+
+Every message says what happened, the offending value, and the knob to change.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentError",
+    "AgentInfraError",
+    "BlockFormatError",
+    "ConfigError",
+    "HarnessError",
+    "KVCacheError",
+    "StoreLockedError",
+    "TaskEnvironmentError",
+    "TierUnavailableError",
+    "TraceFormatError",
+]
+
+
+class AgentInfraError(Exception):
+    """Root of every exception agentinfra raises on purpose."""
+
+
+class ConfigError(AgentInfraError, ValueError):
+    """A setting, environment variable or argument has a value agentinfra cannot use."""
+
+
+class KVCacheError(AgentInfraError):
+    """Base of the KV-cache store's errors."""
+
+
+class BlockFormatError(KVCacheError):
+    """A block's header or payload is not in a format this version reads."""
+
+
+class StoreLockedError(KVCacheError):
+    """A store directory is held by another live store, or is not a store directory."""
+
+
+class TierUnavailableError(KVCacheError):
+    """A tier's backing service or device cannot be reached."""
+
+
+class TraceFormatError(KVCacheError):
+    """A request trace has a malformed line; the message names the line."""
+
+
+class HarnessError(AgentInfraError):
+    """Base of the run harness's errors (runs, journal, grading queue, reports)."""
+
+
+class TaskEnvironmentError(AgentInfraError):
+    """Base of the problem environments' errors (problem loading, grader failures)."""
+
+
+class AgentError(AgentInfraError):
+    """Base of the agent loop's errors (endpoint configuration, loop failures)."""

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+import agentinfra
+from agentinfra.cli import app
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"agentinfra {agentinfra.__version__}"
+
+
+def test_help_lists_commands() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "info" in result.stdout
+    assert "--log-level" in result.stdout
+
+
+def test_info_json() -> None:
+    result = runner.invoke(app, ["info", "--json"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout)
+    assert facts["agentinfra"] == agentinfra.__version__
+    assert facts["kv_block_size_tokens"] == 256
+
+
+def test_bad_log_level_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["--log-level", "LOUD", "info"])
+    assert result.exit_code == 2
+
+
+def test_python_dash_m_and_bad_setting_exit_2() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0
+    assert ok.stdout.strip() == f"agentinfra {agentinfra.__version__}"
+    bad = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "info"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"AGENTINFRA_EVAL_WORKERS": "0", "PATH": "/usr/bin:/bin"},
+    )
+    assert bad.returncode == 2
+    assert "eval_workers=0" in bad.stderr
+    assert "Traceback" not in bad.stderr

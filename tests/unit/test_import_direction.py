@@ -1,0 +1,89 @@
+"""Walks every import in src/ and fails on one that points the wrong way.
+
+The allowed direction (docs/architecture.md): shared modules (the package root,
+`errors`, `_settings`) import no component; `kvcache` and `agent` import only shared
+modules; `environments` may use `agent`; `harness` uses `environments` and `agent`;
+`serving` and `telemetry` may use `kvcache`; `cli` uses everything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "agentinfra"
+SHARED = "<shared>"
+ALLOWED: dict[str, set[str]] = {
+    SHARED: set(),
+    "kvcache": set(),
+    "agent": set(),
+    "environments": {"agent"},
+    "harness": {"environments", "agent"},
+    "serving": {"kvcache", "telemetry"},
+    "telemetry": set(),
+    "cli": {"kvcache", "agent", "environments", "harness", "serving", "telemetry"},
+}
+
+
+def _component(module: str) -> str:
+    parts = module.split(".")
+    if module == "agentinfra.__main__":
+        return "cli"
+    if len(parts) >= 2 and parts[1] in ALLOWED:
+        return parts[1]
+    return SHARED
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, text: str | None = None) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text() if text is None else text, filename=str(path))
+    here = _module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+    return [(line, name) for line, name in found if name.split(".")[0] == "agentinfra"]
+
+
+def test_every_component_is_known() -> None:
+    for child in SRC.iterdir():
+        if child.is_dir() and (child / "__init__.py").exists():
+            assert child.name in ALLOWED, (
+                f"new component {child.name}: add it to ALLOWED and the docs"
+            )
+
+
+def test_imports_point_one_way() -> None:
+    wrong: list[str] = []
+    files = sorted(SRC.rglob("*.py"))
+    assert len(files) > 5
+    for path in files:
+        source = _component(_module_name(path))
+        for line, target in _imports(path):
+            dest = _component(target)
+            if dest not in (source, SHARED) and dest not in ALLOWED[source]:
+                wrong.append(f"{path.relative_to(SRC)}:{line} {source} -> {target}")
+    assert not wrong, "wrong-way imports:\n" + "\n".join(wrong)
+
+
+def test_walker_resolves_relative_imports() -> None:
+    source = "from ..harness import x\nfrom . import _y\nimport agentinfra.agent\nimport os\n"
+    names = [name for _, name in _imports(SRC / "kvcache" / "_store.py", source)]
+    assert names == ["agentinfra.harness", "agentinfra.kvcache", "agentinfra.agent"]
+    bad = [n for n in names if _component(n) not in ("kvcache", SHARED)]
+    assert bad == ["agentinfra.harness", "agentinfra.agent"]

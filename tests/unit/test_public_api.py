@@ -1,0 +1,38 @@
+"""Pins every public `__all__`: a change to the public surface must change this file."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+EXPECTED: dict[str, list[str]] = {
+    "agentinfra": ["__version__"],
+    "agentinfra.errors": [
+        "AgentError",
+        "AgentInfraError",
+        "BlockFormatError",
+        "ConfigError",
+        "HarnessError",
+        "KVCacheError",
+        "StoreLockedError",
+        "TaskEnvironmentError",
+        "TierUnavailableError",
+        "TraceFormatError",
+    ],
+    "agentinfra.kvcache": [],
+    "agentinfra.harness": [],
+    "agentinfra.environments": [],
+    "agentinfra.agent": [],
+    "agentinfra.cli": ["app", "main"],
+}
+
+
+@pytest.mark.parametrize("module_name", sorted(EXPECTED))
+def test_all_is_pinned_and_sorted(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    exported = list(module.__all__)
+    assert exported == EXPECTED[module_name]
+    assert exported == sorted(exported)
+    for name in exported:
+        assert hasattr(module, name), f"{module_name}.__all__ names missing {name}"
