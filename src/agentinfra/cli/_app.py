@@ -20,6 +20,7 @@ from rich.logging import RichHandler
 
 import agentinfra
 from agentinfra._settings import load_settings
+from agentinfra.cli._kv import kv_app
 from agentinfra.errors import AgentInfraError
 
 __all__ = ["app", "main"]
@@ -107,6 +108,9 @@ def info(
     console = Console()
     for key, value in facts.items():
         console.print(f"[bold]{key:>26}[/bold]  {value}")
+
+
+app.add_typer(kv_app, name="kv")
 
 
 def main() -> None:

@@ -3,4 +3,82 @@
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
-__all__: list[str] = []
+from agentinfra.kvcache._block import BLOCK_FORMAT_VERSION, Block, BlockHeader, encode_block, parse_block
+from agentinfra.kvcache._disk_tier import DiskTier
+from agentinfra.kvcache._index import BlockIndex, InsertResult
+from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys
+from agentinfra.kvcache._memory_tier import MemoryTier
+from agentinfra.kvcache._policies import (
+    POLICIES,
+    EvictionPolicy,
+    LFUAgingPolicy,
+    LRUPolicy,
+    PrefixLRUPolicy,
+    make_policy,
+)
+from agentinfra.kvcache._replay import (
+    CostModel,
+    ReplayResult,
+    TraceRequest,
+    belady_hit_rate,
+    capacity_for_fraction,
+    read_trace,
+    replay,
+)
+from agentinfra.kvcache._store import (
+    EvictionRecord,
+    Explanation,
+    MissReason,
+    Session,
+    SessionState,
+    StoreStats,
+    TieredStore,
+)
+from agentinfra.kvcache._tier import PutResult, Tier, TierStats
+from agentinfra.kvcache._tracegen import AgentTraceConfig, generate_agent_trace, write_trace
+
+DEFAULT_POLICY = "prefix-lru"
+"""The best shipped policy by the replay benchmark (benchmarks/kvcache/RESULTS.md)."""
+
+__all__ = [
+    "AgentTraceConfig",
+    "BLOCK_FORMAT_VERSION",
+    "Block",
+    "BlockHeader",
+    "BlockIndex",
+    "BlockKey",
+    "CostModel",
+    "DEFAULT_POLICY",
+    "DiskTier",
+    "EvictionPolicy",
+    "EvictionRecord",
+    "Explanation",
+    "InsertResult",
+    "KEY_SPEC_VERSION",
+    "LFUAgingPolicy",
+    "LRUPolicy",
+    "MemoryTier",
+    "MissReason",
+    "Namespace",
+    "POLICIES",
+    "PrefixLRUPolicy",
+    "PutResult",
+    "ReplayResult",
+    "Session",
+    "SessionState",
+    "StoreStats",
+    "Tier",
+    "TierStats",
+    "TieredStore",
+    "TraceRequest",
+    "belady_hit_rate",
+    "block_keys",
+    "capacity_for_fraction",
+    "encode_block",
+    "generate_agent_trace",
+    "make_policy",
+    "parse_block",
+    "read_trace",
+    "replay",
+    "write_trace",
+]

@@ -159,6 +159,11 @@ class DiskTier:
 
     # -- Tier protocol ---------------------------------------------------------
 
+    @property
+    def policy_name(self) -> str:
+        """Name of the eviction policy."""
+        return self._index.policy.name
+
     def __contains__(self, key: object) -> bool:
         if self.read_only:
             return isinstance(key, bytes) and self._path(BlockKey(key)).exists()

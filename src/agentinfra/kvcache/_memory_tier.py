@@ -98,6 +98,10 @@ class MemoryTier:
         """Keeps ``key`` resident until `unpin`; False when not held."""
         return self._index.pin(key)
 
+    def is_pinned(self, key: BlockKey) -> bool:
+        """True while ``key`` is pinned by a reader or a session."""
+        return self._index.is_pinned(key)
+
     def unpin(self, key: BlockKey) -> None:
         """Releases one pin of ``key``."""
         self._index.unpin(key)

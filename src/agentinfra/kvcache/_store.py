@@ -1,0 +1,457 @@
+"""`TieredStore`: memory and disk tiers walked in order, with sessions and diagnosis.
+
+- Lookups walk the tiers in order and return the *verified* leading run of
+  blocks: every block's checksum is checked on every read; a mismatch is a miss
+  (counted, the block quarantined), never wrong KV.
+- A disk hit is promoted into memory; a block evicted from memory is demoted to
+  disk instead of dropped when it has shown reuse (read at least once, or
+  ``disk_admission="all"``) or belongs to a session that is waiting on a tool.
+- Agent sessions pin their blocks while a turn is active; between turns the
+  blocks get a time-to-live after which they are demoted to disk (never simply
+  dropped), and `Session.begin_turn` prefetches them back.
+- `explain` says why a prefix missed: the first missing block and whether it was
+  never stored, evicted (when, from which tier, by which policy), failed its
+  checksum, or lives under another namespace.
+
+The store owns its tiers; one re-entrant lock serialises public calls, so many
+threads may share one store. Other processes share blocks through a read-only
+`DiskTier` on the same directory or through the cache server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from agentinfra.errors import BlockFormatError, ConfigError
+from agentinfra.kvcache._block import Block, decode_header, encode_block, parse_block
+from agentinfra.kvcache._disk_tier import DiskTier
+from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
+from agentinfra.kvcache._memory_tier import MemoryTier
+from agentinfra.kvcache._tier import TierStats
+
+__all__ = [
+    "EvictionRecord",
+    "Explanation",
+    "MissReason",
+    "Session",
+    "SessionState",
+    "StoreStats",
+    "TieredStore",
+]
+
+MissReason = Literal["never_stored", "evicted", "checksum", "namespace", "format"]
+TokenIds = Sequence[int] | npt.NDArray[np.integer]
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionRecord:
+    """When and how a block left a tier."""
+
+    at_s: float
+    tier: str
+    policy: str
+    demoted_to: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Why a prefix hit only ``hit_blocks`` of ``requested_blocks``."""
+
+    requested_blocks: int
+    hit_blocks: int
+    first_missing: int | None
+    key: BlockKey | None
+    reason: MissReason | None
+    detail: str
+    eviction: EvictionRecord | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """A snapshot of the store's counters and each tier's."""
+
+    lookups: int
+    hit_blocks: int
+    misses_by_reason: dict[str, int]
+    promotions: int
+    demotions: int
+    dropped: int
+    quarantined: int
+    sessions_active: int
+    tiers: tuple[TierStats, ...] = field(default_factory=tuple)
+
+
+class SessionState(enum.Enum):
+    """Where an agent session is in its turn cycle."""
+
+    ACTIVE = "active"
+    WAITING = "waiting"
+    IDLE = "idle"
+    CLOSED = "closed"
+
+
+class Session:
+    """An agent session (or sub-agent) whose blocks the store treats as one working set."""
+
+    def __init__(self, store: TieredStore, session_id: str, parent: Session | None) -> None:
+        self.session_id = session_id
+        self.parent = parent
+        self.state = SessionState.IDLE
+        self.keys: list[BlockKey] = []
+        self.deadline_s: float | None = None
+        self._store = store
+        self._pinned: list[BlockKey] = []
+
+    def begin_turn(self, keys: Sequence[BlockKey]) -> int:
+        """Starts a turn over prefix ``keys``: prefetches and pins them; returns the hit run."""
+        return self._store._begin_turn(self, keys)
+
+    def add(self, keys: Sequence[BlockKey]) -> None:
+        """Adds blocks the turn produced (already `put`) to the session and pins them."""
+        self._store._add_to_session(self, keys)
+
+    def end_turn(self, *, ttl_s: float) -> None:
+        """The agent now waits on a tool: unpin, and demote the blocks after ``ttl_s``."""
+        self._store._end_turn(self, ttl_s)
+
+    def close(self) -> None:
+        """Ends the session and its sub-agents; their blocks become ordinary."""
+        self._store._close_session(self)
+
+
+class TieredStore:
+    """The KV-cache store over a memory tier and an optional disk tier."""
+
+    def __init__(
+        self,
+        memory: MemoryTier,
+        disk: DiskTier | None = None,
+        *,
+        disk_admission: Literal["all", "second-access"] = "second-access",
+        clock: Callable[[], float] = time.monotonic,
+        history_limit: int = 100_000,
+    ) -> None:
+        if disk_admission not in ("all", "second-access"):
+            raise ConfigError(f"disk_admission={disk_admission!r} must be 'all' or 'second-access'")
+        self.memory = memory
+        self.disk = disk
+        self._disk_admission = disk_admission
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._uses: dict[BlockKey, int] = {}
+        self._history: OrderedDict[BlockKey, EvictionRecord] = OrderedDict()
+        self._history_limit = history_limit
+        self._quarantined: set[BlockKey] = set()
+        self._namespaces: dict[BlockKey, Namespace] = {}
+        self._sessions: dict[str, Session] = {}
+        self._protected: dict[BlockKey, int] = {}
+        self._counts = dict.fromkeys(("lookups", "hit_blocks", "promotions", "demotions", "dropped"), 0)
+        self._misses: dict[str, int] = dict.fromkeys(
+            ("never_stored", "evicted", "checksum", "namespace", "format"), 0
+        )
+
+    # -- keys ------------------------------------------------------------------
+
+    def keys_for(self, namespace: Namespace, token_ids: TokenIds) -> list[BlockKey]:
+        """Block keys of ``token_ids`` under ``namespace`` (registered for `explain`)."""
+        with self._lock:
+            self._namespaces.setdefault(namespace.root_key(), namespace)
+        return block_keys(namespace, token_ids)
+
+    # -- reads -----------------------------------------------------------------
+
+    def leading_hits(self, keys: Sequence[BlockKey]) -> int:
+        """Leading run of ``keys`` held in any tier (unverified; `get` verifies)."""
+        with self._lock:
+            count = 0
+            for key in keys:
+                if key not in self.memory and (self.disk is None or key not in self.disk):
+                    break
+                count += 1
+            return count
+
+    def get(self, keys: Sequence[BlockKey]) -> list[Block]:
+        """The verified leading run of ``keys``; disk hits are promoted into memory."""
+        with self._lock:
+            blocks, reason = self._get(keys)
+            if reason is not None:
+                self._misses[reason] += 1
+            return blocks
+
+    def _get(self, keys: Sequence[BlockKey]) -> tuple[list[Block], MissReason | None]:
+        self._expire()
+        self._counts["lookups"] += 1
+        blocks: list[Block] = []
+        reason: MissReason | None = None
+        for position, key in enumerate(keys):
+            block, why = self._read_verified(key, keys[position - 1] if position else None)
+            if block is None:
+                reason = why
+                break
+            blocks.append(block)
+        self._counts["hit_blocks"] += len(blocks)
+        return blocks, reason
+
+    def lookup(self, namespace: Namespace, token_ids: TokenIds) -> list[Block]:
+        """`get` by tokens; a miss whose block exists under another namespace counts as ``namespace``."""
+        keys = self.keys_for(namespace, token_ids)
+        with self._lock:
+            blocks, reason = self._get(keys)
+            if reason == "never_stored" and self._other_namespace(namespace, token_ids, len(blocks)):
+                reason = "namespace"
+            if reason is not None:
+                self._misses[reason] += 1
+            return blocks
+
+    def _read_verified(self, key: BlockKey, parent: BlockKey | None) -> tuple[Block | None, MissReason]:
+        data = self.memory.get([key])[0]
+        from_disk = data is None
+        if data is None and self.disk is not None and key in self.disk:
+            data = self.disk.get([key])[0]
+        if data is None:
+            return None, "evicted" if key in self._history else "never_stored"
+        try:
+            block = parse_block(data, expected_key=key)
+        except BlockFormatError:
+            return None, "format"
+        if block is None:
+            self._quarantine(key)
+            return None, "checksum"
+        self._uses[key] = self._uses.get(key, 0) + 1
+        if from_disk:
+            self._counts["promotions"] += 1
+            self._put_memory([(key, bytes(data))], [parent])
+            block = parse_block(self.memory.peek(key) or data, expected_key=key) or block
+        return block, "never_stored"
+
+    def _quarantine(self, key: BlockKey) -> None:
+        self._quarantined.add(key)
+        self.memory.remove([key])
+        if self.disk is not None:
+            self.disk.quarantine(key)
+
+    @contextlib.contextmanager
+    def lease(self, keys: Sequence[BlockKey]) -> Iterator[list[Block]]:
+        """Like `get`, and the returned blocks stay resident until the block exits."""
+        with self._lock:
+            blocks = self.get(keys)
+            held = [b.header.key for b in blocks if self.memory.pin(b.header.key)]
+        try:
+            yield blocks
+        finally:
+            with self._lock:
+                for key in held:
+                    self.memory.unpin(key)
+
+    # -- writes ----------------------------------------------------------------
+
+    def put(self, keys: Sequence[BlockKey], kvs: Sequence[Any]) -> int:
+        """Encodes and stores one KV tensor per key (a chain: each key's parent is the one before)."""
+        if len(keys) != len(kvs):
+            raise ConfigError(f"put got {len(keys)} keys and {len(kvs)} KV tensors")
+        return self.put_encoded([(key, encode_block(key, kv)) for key, kv in zip(keys, kvs, strict=True)])
+
+    def put_encoded(self, items: Sequence[tuple[BlockKey, bytes]]) -> int:
+        """Stores already-encoded blocks (a chain); returns how many memory holds.
+
+        Raises:
+            BlockFormatError: a block is not version 1 or carries another key; nothing is stored.
+        """
+        for key, data in items:
+            if decode_header(data).key != key:
+                raise BlockFormatError(f"block for key {key.hex()[:16]} carries another key in its header")
+        parents: list[BlockKey | None] = [None, *(key for key, _ in items[:-1])]
+        with self._lock:
+            self._expire()
+            for key, _ in items:
+                self._uses[key] = self._uses.get(key, 0) + 1
+                self._quarantined.discard(key)
+            return len(self._put_memory(list(items), parents))
+
+    def _put_memory(self, items: list[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None]) -> tuple[BlockKey, ...]:
+        result = self.memory.put(items, parents)
+        now = self._clock()
+        for victim, data in result.evicted:
+            self._demote_or_drop(victim, data, now)
+        for key, data in items:
+            if key in result.rejected and self.disk is not None:
+                self.disk.put([(key, data)])
+        return result.stored
+
+    def _demote_or_drop(self, key: BlockKey, data: bytes | None, now: float) -> None:
+        reused = self._uses.pop(key, 0) >= 2 or self._disk_admission == "all"
+        demote = self.disk is not None and data is not None and (reused or key in self._protected)
+        if demote and self.disk is not None and data is not None:
+            for dropped, _ in self.disk.put([(key, data)]).evicted:
+                self._record(dropped, now, self.disk.name, self.disk.policy_name, None)
+            self._counts["demotions"] += 1
+            self._record(key, now, "memory", self.memory.policy_name, "disk")
+        else:
+            self._counts["dropped"] += 1
+            self._record(key, now, "memory", self.memory.policy_name, None)
+
+    def _record(self, key: BlockKey, now: float, tier: str, policy: str, demoted_to: str | None) -> None:
+        self._history[key] = EvictionRecord(now, tier, policy, demoted_to)
+        self._history.move_to_end(key)
+        while len(self._history) > self._history_limit:
+            self._history.popitem(last=False)
+
+    def remove(self, keys: Sequence[BlockKey]) -> int:
+        """Removes ``keys`` from every tier; returns how many tier copies were removed."""
+        with self._lock:
+            removed = self.memory.remove(keys)
+            if self.disk is not None:
+                removed += self.disk.remove(keys)
+            for key in keys:
+                self._uses.pop(key, None)
+            return removed
+
+    # -- sessions --------------------------------------------------------------
+
+    def open_session(self, session_id: str, *, parent: Session | None = None) -> Session:
+        """A new agent session; ``parent`` makes it a sub-agent closed with its parent."""
+        with self._lock:
+            if session_id in self._sessions:
+                raise ConfigError(f"session {session_id!r} is already open")
+            session = Session(self, session_id, parent)
+            self._sessions[session_id] = session
+            return session
+
+    def _begin_turn(self, session: Session, keys: Sequence[BlockKey]) -> int:
+        with self._lock:
+            if session.state is SessionState.CLOSED:
+                raise ConfigError(f"session {session.session_id!r} is closed")
+            self._release(session)
+            blocks = self.get(keys)
+            session.state = SessionState.ACTIVE
+            session.deadline_s = None
+            self._track(session, [b.header.key for b in blocks])
+            return len(blocks)
+
+    def _track(self, session: Session, keys: Sequence[BlockKey]) -> None:
+        for key in keys:
+            if key not in session.keys:
+                session.keys.append(key)
+                self._protected[key] = self._protected.get(key, 0) + 1
+            if self.memory.pin(key):
+                session._pinned.append(key)
+
+    def _add_to_session(self, session: Session, keys: Sequence[BlockKey]) -> None:
+        with self._lock:
+            self._track(session, keys)
+
+    def _release(self, session: Session) -> None:
+        for key in session._pinned:
+            self.memory.unpin(key)
+        session._pinned.clear()
+
+    def _end_turn(self, session: Session, ttl_s: float) -> None:
+        if ttl_s < 0:
+            raise ConfigError(f"ttl_s={ttl_s} must be >= 0")
+        with self._lock:
+            self._release(session)
+            session.state = SessionState.WAITING
+            session.deadline_s = self._clock() + ttl_s
+            self._expire()
+
+    def _close_session(self, session: Session) -> None:
+        with self._lock:
+            for child in [s for s in self._sessions.values() if s.parent is session]:
+                self._close_session(child)
+            self._release(session)
+            for key in session.keys:
+                left = self._protected.get(key, 0) - 1
+                if left > 0:
+                    self._protected[key] = left
+                else:
+                    self._protected.pop(key, None)
+            session.state = SessionState.CLOSED
+            self._sessions.pop(session.session_id, None)
+
+    def _expire(self) -> None:
+        """Demotes the memory blocks of waiting sessions whose time-to-live has run out."""
+        now = self._clock()
+        for session in list(self._sessions.values()):
+            if session.state is SessionState.WAITING and session.deadline_s is not None and now >= session.deadline_s:
+                session.state = SessionState.IDLE
+                for key in session.keys:
+                    data = self.memory.peek(key)
+                    if data is None or self.memory.is_pinned(key):
+                        continue
+                    if self.disk is not None and self.memory.remove([key]):
+                        self.disk.put([(key, data)])
+                        self._counts["demotions"] += 1
+                        self._record(key, now, "memory", "session-ttl", "disk")
+
+    def sessions(self) -> list[Session]:
+        """Open sessions."""
+        with self._lock:
+            return list(self._sessions.values())
+
+    # -- diagnosis -------------------------------------------------------------
+
+    def _other_namespace(self, namespace: Namespace, token_ids: TokenIds, position: int) -> Namespace | None:
+        size = namespace.block_size_tokens
+        prefix = np.asarray(token_ids)[: (position + 1) * size]
+        with self._lock:
+            candidates = [ns for root, ns in self._namespaces.items() if root != namespace.root_key()]
+        for other in candidates:
+            keys = block_keys(other, prefix[: (position + 1) * other.block_size_tokens])
+            if len(keys) > position and self.leading_hits(keys[position : position + 1]):
+                return other
+        return None
+
+    def explain(self, namespace: Namespace, token_ids: TokenIds) -> Explanation:
+        """Why the prefix ``token_ids`` does not fully hit under ``namespace``."""
+        keys = self.keys_for(namespace, token_ids)
+        with self._lock:
+            hits = self.leading_hits(keys)
+            if hits == len(keys):
+                return Explanation(len(keys), hits, None, None, None, f"all {hits} full blocks are cached")
+            key = keys[hits]
+            where = f"block {hits} ({key.hex()[:16]})"
+            if key in self._quarantined:
+                return Explanation(len(keys), hits, hits, key, "checksum", f"{where} failed its checksum and was quarantined")
+            record = self._history.get(key)
+            if record is not None:
+                detail = (
+                    f"{where} was evicted from the {record.tier} tier by policy {record.policy} "
+                    f"at t={record.at_s:.3f}s" + (f" and demoted to {record.demoted_to}" if record.demoted_to else "")
+                )
+                return Explanation(len(keys), hits, hits, key, "evicted", detail, record)
+        other = self._other_namespace(namespace, token_ids, hits)
+        if other is not None:
+            return Explanation(
+                len(keys), hits, hits, key, "namespace",
+                f"{where} is cached under another namespace (model {other.model_id!r}, dtype {other.kv_dtype}, "
+                f"block size {other.block_size_tokens}); this lookup used model {namespace.model_id!r}",
+            )  # fmt: skip
+        return Explanation(len(keys), hits, hits, key, "never_stored", f"{where} was never stored")
+
+    def stats(self) -> StoreStats:
+        """A snapshot of every counter."""
+        with self._lock:
+            tiers = (self.memory.stats(),) + ((self.disk.stats(),) if self.disk is not None else ())
+            return StoreStats(
+                misses_by_reason=dict(self._misses),
+                quarantined=len(self._quarantined),
+                sessions_active=sum(s.state is SessionState.ACTIVE for s in self._sessions.values()),
+                tiers=tiers,
+                **self._counts,
+            )
+
+    def close(self) -> None:
+        """Releases the disk tier's lock."""
+        with self._lock:
+            if self.disk is not None:
+                self.disk.close()

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentinfra.cli import app
+from agentinfra.errors import TraceFormatError
+from agentinfra.kvcache import TraceRequest, belady_hit_rate, read_trace, replay
+from agentinfra.kvcache._tracegen import AgentTraceConfig, generate_agent_trace
+
+
+def req(ids: list[int], *, partial: bool = False) -> TraceRequest:
+    return TraceRequest(0.0, len(ids) * 512 - (100 if partial else 0), 10, tuple(ids))
+
+
+def test_leading_run_semantics_exact() -> None:
+    trace = [req([1, 2, 3]), req([1, 2, 3, 4]), req([9, 2, 3])]
+    result = replay(trace, capacity_blocks=10, policy="lru")
+    # request 2 hits 1,2,3; request 3 misses at 9 even though 2 and 3 are cached
+    assert result.hit_blocks == 3
+    assert result.blocks == 10
+    assert result.hit_rate == pytest.approx(0.3)
+    assert result.belady_hit_rate == pytest.approx(0.3)
+
+
+def test_partial_trailing_block_is_not_cached() -> None:
+    trace = [req([1, 2], partial=True), req([1, 2], partial=True)]
+    assert replay(trace, capacity_blocks=10, policy="lru").hit_blocks == 1
+    assert replay(trace, capacity_blocks=10, policy="lru", cache_partial_blocks=True).hit_blocks == 2
+
+
+def test_capacity_bounds_hits_and_belady_beats_lru_on_a_loop() -> None:
+    # The classic cyclic pattern: LRU with capacity 2 over a loop of 3 misses every time.
+    trace = [req([k]) for k in [1, 2, 3] * 5]
+    assert replay(trace, capacity_blocks=2, policy="lru", with_belady=False).hit_blocks == 0
+    assert belady_hit_rate(trace, 2) == pytest.approx(7 / 15)
+    assert replay(trace, capacity_blocks=0, policy="lru").hit_blocks == 0
+
+
+@pytest.mark.parametrize("policy", ["lru", "prefix-lru", "lfu-aging"])
+def test_no_policy_beats_belady_on_agent_traces(policy: str) -> None:
+    rows = generate_agent_trace(AgentTraceConfig(sessions=30, seed=3))
+    trace = [TraceRequest(r["timestamp"], r["input_length"], r["output_length"], tuple(r["hash_ids"])) for r in rows]  # type: ignore[arg-type]
+    for capacity in (20, 80, 300):
+        result = replay(trace, capacity_blocks=capacity, policy=policy)
+        assert result.belady_hit_rate is not None
+        assert 0 < result.hit_rate <= result.belady_hit_rate + 1e-12
+
+
+def test_malformed_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n\n{"timestamp": 1, "hash_ids": [1]}\n')
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:3: missing field\(s\) input_length"):
+        read_trace(path)
+    path.write_text("not json\n")
+    with pytest.raises(TraceFormatError, match=r"t.jsonl:1: not JSON"):
+        read_trace(path)
+    path.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [[1]]}\n')
+    with pytest.raises(TraceFormatError, match="hash_ids"):
+        read_trace(path)
+
+
+def test_cli_replay_json(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    rows = [{"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2 + i % 2]} for i in range(6)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(app, ["kv", "replay", str(path), "--capacity-blocks", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for field in ("requests", "blocks", "capacity_blocks", "policy", "hit_rate", "belady_hit_rate", "bytes_moved", "prefill_s_saved"):
+        assert field in data
+    assert data["requests"] == 6
+    assert data["hit_rate"] == pytest.approx(9 / 12)
+
+
+def test_cli_replay_bad_trace_is_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("{}\n")
+    result = CliRunner().invoke(app, ["kv", "replay", str(path)])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, TraceFormatError)
