@@ -24,24 +24,35 @@ from agentinfra.kvcache import (
 
 __all__ = ["kv_app"]
 
-kv_app = typer.Typer(help="The KV-cache store: replay traces, generate agent traces.", no_args_is_help=True)
+kv_app = typer.Typer(
+    help="The KV-cache store: replay traces, generate agent traces.", no_args_is_help=True
+)
 
 
 @kv_app.command("replay")
 def replay_command(
     trace: Annotated[Path, typer.Argument(help="A JSONL trace in Mooncake's format.")],
     capacity_blocks: Annotated[
-        int | None, typer.Option("--capacity-blocks", help="Cache size in blocks (default: 10% of unique blocks).")
+        int | None,
+        typer.Option(
+            "--capacity-blocks", help="Cache size in blocks (default: 10% of unique blocks)."
+        ),
     ] = None,
     capacity_fraction: Annotated[
-        float, typer.Option("--capacity-fraction", help="Cache size as a fraction of unique blocks.")
+        float,
+        typer.Option("--capacity-fraction", help="Cache size as a fraction of unique blocks."),
     ] = 0.1,
     policy: Annotated[
         str, typer.Option("--policy", help=f"One of {', '.join(sorted(POLICIES))}.")
     ] = DEFAULT_POLICY,
-    block_tokens: Annotated[int, typer.Option("--block-tokens", help="Tokens per trace block.")] = 512,
+    block_tokens: Annotated[
+        int, typer.Option("--block-tokens", help="Tokens per trace block.")
+    ] = 512,
     cache_partial_blocks: Annotated[
-        bool, typer.Option("--cache-partial-blocks", help="Also cache a request's trailing partial block.")
+        bool,
+        typer.Option(
+            "--cache-partial-blocks", help="Also cache a request's trailing partial block."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -49,9 +60,15 @@ def replay_command(
     if not trace.is_file():
         raise ConfigError(f"trace {trace} does not exist or is not a file")
     if policy not in POLICIES:
-        raise ConfigError(f"unknown policy {policy!r}; choose one of {', '.join(sorted(POLICIES))} (--policy)")
+        raise ConfigError(
+            f"unknown policy {policy!r}; choose one of {', '.join(sorted(POLICIES))} (--policy)"
+        )
     requests = read_trace(trace)
-    capacity = capacity_blocks if capacity_blocks is not None else capacity_for_fraction(requests, capacity_fraction)
+    capacity = (
+        capacity_blocks
+        if capacity_blocks is not None
+        else capacity_for_fraction(requests, capacity_fraction)
+    )
     result = replay(
         requests,
         capacity_blocks=capacity,

@@ -3,7 +3,13 @@
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
-from agentinfra.kvcache._block import BLOCK_FORMAT_VERSION, Block, BlockHeader, encode_block, parse_block
+from agentinfra.kvcache._block import (
+    BLOCK_FORMAT_VERSION,
+    Block,
+    BlockHeader,
+    encode_block,
+    parse_block,
+)
 from agentinfra.kvcache._disk_tier import DiskTier
 from agentinfra.kvcache._index import BlockIndex, InsertResult
 from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys

@@ -64,7 +64,13 @@ DTYPES: dict[int, tuple[str, int]] = {
 }
 """dtype code -> (name, bytes per element)."""
 _CODE_BY_NAME = {name: code for code, (name, _) in DTYPES.items()}
-_NUMPY_VIEW = {"float16": "<f2", "bfloat16": "<u2", "float32": "<f4", "float8_e4m3fn": "u1", "uint8": "u1"}
+_NUMPY_VIEW = {
+    "float16": "<f2",
+    "bfloat16": "<u2",
+    "float32": "<f4",
+    "float8_e4m3fn": "u1",
+    "uint8": "u1",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +100,13 @@ def checksum(payload: bytes | memoryview) -> int:
 def _tensor_bytes(kv: Any) -> tuple[str, tuple[int, ...], bytes]:
     """(dtype name, shape, raw bytes) of a numpy array or torch tensor."""
     if isinstance(kv, np.ndarray):
-        name = "float16" if kv.dtype == np.float16 else "float32" if kv.dtype == np.float32 else str(kv.dtype)
+        name = (
+            "float16"
+            if kv.dtype == np.float16
+            else "float32"
+            if kv.dtype == np.float32
+            else str(kv.dtype)
+        )
         return name, tuple(kv.shape), np.ascontiguousarray(kv).tobytes()
     import torch
 
@@ -113,9 +125,13 @@ def encode_block(key: BlockKey, kv: Any) -> bytes:
     """
     name, shape, raw = _tensor_bytes(kv)
     if name not in _CODE_BY_NAME:
-        raise BlockFormatError(f"dtype {name} has no block dtype code; use one of {sorted(_CODE_BY_NAME)}")
+        raise BlockFormatError(
+            f"dtype {name} has no block dtype code; use one of {sorted(_CODE_BY_NAME)}"
+        )
     if len(shape) != 5 or shape[1] != 2 or 0 in shape:
-        raise BlockFormatError(f"KV shape {shape} must be [layers, 2, tokens, kv_heads, head_dim], all > 0")
+        raise BlockFormatError(
+            f"KV shape {shape} must be [layers, 2, tokens, kv_heads, head_dim], all > 0"
+        )
     if len(key) != 32:
         raise BlockFormatError(f"block key must be 32 bytes, got {len(key)}")
     header = _HEADER.pack(
@@ -132,7 +148,9 @@ def decode_header(data: bytes | memoryview) -> BlockHeader:
         BlockFormatError: not a block, another format version, or sizes that do not add up.
     """
     if len(data) < HEADER_BYTES:
-        raise BlockFormatError(f"block of {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header")
+        raise BlockFormatError(
+            f"block of {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header"
+        )
     (magic, version, header_bytes, dtype_code, layout, _flags, layers, tokens, heads, head_dim,
      _reserved, payload_bytes, digest, key) = _HEADER.unpack_from(data)  # fmt: skip
     if magic != _MAGIC:
@@ -148,8 +166,12 @@ def decode_header(data: bytes | memoryview) -> BlockHeader:
     if layers * 2 * tokens * heads * head_dim * width != payload_bytes:
         raise BlockFormatError(f"payload size {payload_bytes} does not match the header's shape")
     if len(data) != HEADER_BYTES + payload_bytes:
-        raise BlockFormatError(f"block is {len(data)} bytes, header says {HEADER_BYTES + payload_bytes}")
-    return BlockHeader(dtype, layers, tokens, heads, head_dim, payload_bytes, digest, BlockKey(bytes(key)))
+        raise BlockFormatError(
+            f"block is {len(data)} bytes, header says {HEADER_BYTES + payload_bytes}"
+        )
+    return BlockHeader(
+        dtype, layers, tokens, heads, head_dim, payload_bytes, digest, BlockKey(bytes(key))
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ import json
 import logging
 import os
 from collections.abc import Sequence
-from typing import cast
 from pathlib import Path
+from typing import cast
 
 from agentinfra.errors import ConfigError, StoreLockedError, TierUnavailableError
 from agentinfra.kvcache._index import BlockIndex
@@ -60,7 +60,9 @@ class DiskTier:
         self.directory = Path(directory)
         self.read_only = read_only
         self._fsync = fsync
-        self._index = BlockIndex(capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy)
+        self._index = BlockIndex(
+            capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy
+        )
         self._counts = dict.fromkeys(
             ("hits", "misses", "puts", "rejected", "evictions", "bytes_read", "bytes_written"), 0
         )
@@ -79,8 +81,13 @@ class DiskTier:
             try:
                 meta = json.loads(marker.read_text())
             except (OSError, ValueError) as exc:
-                raise StoreLockedError(f"{marker} is unreadable ({exc}); not a store directory") from None
-            if meta.get("format") != "agentinfra-kv-disk" or meta.get("version") != DISK_FORMAT_VERSION:
+                raise StoreLockedError(
+                    f"{marker} is unreadable ({exc}); not a store directory"
+                ) from None
+            if (
+                meta.get("format") != "agentinfra-kv-disk"
+                or meta.get("version") != DISK_FORMAT_VERSION
+            ):
                 raise StoreLockedError(
                     f"{self.directory} holds a disk store of format {meta.get('format')!r} version "
                     f"{meta.get('version')!r}; this agentinfra reads version {DISK_FORMAT_VERSION}"
@@ -97,10 +104,14 @@ class DiskTier:
             for sub in ("blocks", "tmp", "quarantine"):
                 (self.directory / sub).mkdir(parents=True, exist_ok=True)
             tmp = self.directory / "tmp" / _MARKER
-            tmp.write_text(json.dumps({"format": "agentinfra-kv-disk", "version": DISK_FORMAT_VERSION}))
+            tmp.write_text(
+                json.dumps({"format": "agentinfra-kv-disk", "version": DISK_FORMAT_VERSION})
+            )
             os.replace(tmp, marker)
         except OSError as exc:
-            raise TierUnavailableError(f"cannot create disk store in {self.directory}: {exc.strerror}") from None
+            raise TierUnavailableError(
+                f"cannot create disk store in {self.directory}: {exc.strerror}"
+            ) from None
 
     def _lock(self) -> None:
         path = self.directory / "lock"
@@ -155,7 +166,9 @@ class DiskTier:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise TierUnavailableError(f"cannot read block from {self.directory}: {exc.strerror}") from None
+            raise TierUnavailableError(
+                f"cannot read block from {self.directory}: {exc.strerror}"
+            ) from None
 
     # -- Tier protocol ---------------------------------------------------------
 
@@ -189,7 +202,9 @@ class DiskTier:
         self._counts["bytes_read"] += sum(len(d) for d in found if d is not None)
         return found
 
-    def get_into(self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]) -> list[int | None]:
+    def get_into(
+        self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]
+    ) -> list[int | None]:
         written: list[int | None] = []
         for key, buffer in zip(keys, buffers, strict=True):
             if key not in self:
@@ -230,9 +245,15 @@ class DiskTier:
                 f"cannot write block to {self.directory}: {exc.strerror}; free space or lower --disk"
             ) from None
 
-    def put(self, items: Sequence[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None] | None = None) -> PutResult:
+    def put(
+        self,
+        items: Sequence[tuple[BlockKey, bytes]],
+        parents: Sequence[BlockKey | None] | None = None,
+    ) -> PutResult:
         if self.read_only:
-            raise ConfigError(f"disk tier {self.directory} was opened read_only; puts go through its owner")
+            raise ConfigError(
+                f"disk tier {self.directory} was opened read_only; puts go through its owner"
+            )
         stored: list[BlockKey] = []
         rejected: list[BlockKey] = []
         evicted: list[tuple[BlockKey, bytes | None]] = []

@@ -148,6 +148,8 @@ def block_keys(
     for index in range(count):
         chunk = data[index * stride : (index + 1) * stride]
         extra = no_extra if extra_keys is None else _extra_encoding(extra_keys[index])
-        previous = BlockKey(sha256(b"".join((prefix, previous, token_count, chunk, extra))).digest())
+        previous = BlockKey(
+            sha256(b"".join((prefix, previous, token_count, chunk, extra))).digest()
+        )
         keys.append(previous)
     return keys

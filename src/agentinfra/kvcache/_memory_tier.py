@@ -24,7 +24,9 @@ class MemoryTier:
     name = "memory"
 
     def __init__(self, capacity_bytes: int, policy: EvictionPolicy | str = "prefix-lru") -> None:
-        self._index = BlockIndex(capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy)
+        self._index = BlockIndex(
+            capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy
+        )
         self._data: dict[BlockKey, bytes] = {}
         self._counts = dict.fromkeys(
             ("hits", "misses", "puts", "rejected", "evictions", "bytes_read", "bytes_written"), 0
@@ -54,7 +56,9 @@ class MemoryTier:
         self._counts["bytes_read"] += sum(len(d) for d in found if d is not None)
         return found
 
-    def get_into(self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]) -> list[int | None]:
+    def get_into(
+        self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]
+    ) -> list[int | None]:
         written: list[int | None] = []
         for data, buffer in zip(self.get(keys), buffers, strict=True):
             if data is None or len(buffer) < len(data):
@@ -64,7 +68,11 @@ class MemoryTier:
             written.append(len(data))
         return written
 
-    def put(self, items: Sequence[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None] | None = None) -> PutResult:
+    def put(
+        self,
+        items: Sequence[tuple[BlockKey, bytes]],
+        parents: Sequence[BlockKey | None] | None = None,
+    ) -> PutResult:
         stored: list[BlockKey] = []
         rejected: list[BlockKey] = []
         evicted: list[tuple[BlockKey, bytes | None]] = []

@@ -219,4 +219,6 @@ def make_policy(name: str) -> EvictionPolicy:
     try:
         return POLICIES[name]()
     except KeyError:
-        raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(sorted(POLICIES))}") from None
+        raise ConfigError(
+            f"unknown policy {name!r}; choose one of {', '.join(sorted(POLICIES))}"
+        ) from None

@@ -71,7 +71,9 @@ def _parse_line(text: str, where: str) -> TraceRequest:
         raise TraceFormatError(f"{where}: hash_ids must be a list of integers or strings")
     numbers = (row["timestamp"], row["input_length"], row.get("output_length", 0))
     if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
-        raise TraceFormatError(f"{where}: timestamp, input_length and output_length must be numbers")
+        raise TraceFormatError(
+            f"{where}: timestamp, input_length and output_length must be numbers"
+        )
     session = row.get("session_id")
     return TraceRequest(
         timestamp_ms=float(row["timestamp"]),
@@ -208,7 +210,12 @@ def replay(
     block_bytes = block_tokens * model.kv_bytes_per_token
     hit_tokens = hits * block_tokens
     optimum = (
-        belady_hit_rate(requests, capacity_blocks, block_tokens=block_tokens, cache_partial_blocks=cache_partial_blocks)
+        belady_hit_rate(
+            requests,
+            capacity_blocks,
+            block_tokens=block_tokens,
+            cache_partial_blocks=cache_partial_blocks,
+        )
         if with_belady
         else None
     )

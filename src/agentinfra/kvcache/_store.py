@@ -155,7 +155,9 @@ class TieredStore:
         self._namespaces: dict[BlockKey, Namespace] = {}
         self._sessions: dict[str, Session] = {}
         self._protected: dict[BlockKey, int] = {}
-        self._counts = dict.fromkeys(("lookups", "hit_blocks", "promotions", "demotions", "dropped"), 0)
+        self._counts = dict.fromkeys(
+            ("lookups", "hit_blocks", "promotions", "demotions", "dropped"), 0
+        )
         self._misses: dict[str, int] = dict.fromkeys(
             ("never_stored", "evicted", "checksum", "namespace", "format"), 0
         )
@@ -207,13 +209,17 @@ class TieredStore:
         keys = self.keys_for(namespace, token_ids)
         with self._lock:
             blocks, reason = self._get(keys)
-            if reason == "never_stored" and self._other_namespace(namespace, token_ids, len(blocks)):
+            if reason == "never_stored" and self._other_namespace(
+                namespace, token_ids, len(blocks)
+            ):
                 reason = "namespace"
             if reason is not None:
                 self._misses[reason] += 1
             return blocks
 
-    def _read_verified(self, key: BlockKey, parent: BlockKey | None) -> tuple[Block | None, MissReason]:
+    def _read_verified(
+        self, key: BlockKey, parent: BlockKey | None
+    ) -> tuple[Block | None, MissReason]:
         data = self.memory.get([key])[0]
         from_disk = data is None
         if data is None and self.disk is not None and key in self.disk:
@@ -259,7 +265,9 @@ class TieredStore:
         """Encodes and stores one KV tensor per key (a chain: each key's parent is the one before)."""
         if len(keys) != len(kvs):
             raise ConfigError(f"put got {len(keys)} keys and {len(kvs)} KV tensors")
-        return self.put_encoded([(key, encode_block(key, kv)) for key, kv in zip(keys, kvs, strict=True)])
+        return self.put_encoded(
+            [(key, encode_block(key, kv)) for key, kv in zip(keys, kvs, strict=True)]
+        )
 
     def put_encoded(self, items: Sequence[tuple[BlockKey, bytes]]) -> int:
         """Stores already-encoded blocks (a chain); returns how many memory holds.
@@ -269,7 +277,9 @@ class TieredStore:
         """
         for key, data in items:
             if decode_header(data).key != key:
-                raise BlockFormatError(f"block for key {key.hex()[:16]} carries another key in its header")
+                raise BlockFormatError(
+                    f"block for key {key.hex()[:16]} carries another key in its header"
+                )
         parents: list[BlockKey | None] = [None, *(key for key, _ in items[:-1])]
         with self._lock:
             self._expire()
@@ -278,7 +288,9 @@ class TieredStore:
                 self._quarantined.discard(key)
             return len(self._put_memory(list(items), parents))
 
-    def _put_memory(self, items: list[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None]) -> tuple[BlockKey, ...]:
+    def _put_memory(
+        self, items: list[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None]
+    ) -> tuple[BlockKey, ...]:
         result = self.memory.put(items, parents)
         now = self._clock()
         for victim, data in result.evicted:
@@ -300,7 +312,9 @@ class TieredStore:
             self._counts["dropped"] += 1
             self._record(key, now, "memory", self.memory.policy_name, None)
 
-    def _record(self, key: BlockKey, now: float, tier: str, policy: str, demoted_to: str | None) -> None:
+    def _record(
+        self, key: BlockKey, now: float, tier: str, policy: str, demoted_to: str | None
+    ) -> None:
         self._history[key] = EvictionRecord(now, tier, policy, demoted_to)
         self._history.move_to_end(key)
         while len(self._history) > self._history_limit:
@@ -382,7 +396,11 @@ class TieredStore:
         """Demotes the memory blocks of waiting sessions whose time-to-live has run out."""
         now = self._clock()
         for session in list(self._sessions.values()):
-            if session.state is SessionState.WAITING and session.deadline_s is not None and now >= session.deadline_s:
+            if (
+                session.state is SessionState.WAITING
+                and session.deadline_s is not None
+                and now >= session.deadline_s
+            ):
                 session.state = SessionState.IDLE
                 for key in session.keys:
                     data = self.memory.peek(key)
@@ -400,11 +418,15 @@ class TieredStore:
 
     # -- diagnosis -------------------------------------------------------------
 
-    def _other_namespace(self, namespace: Namespace, token_ids: TokenIds, position: int) -> Namespace | None:
+    def _other_namespace(
+        self, namespace: Namespace, token_ids: TokenIds, position: int
+    ) -> Namespace | None:
         size = namespace.block_size_tokens
         prefix = np.asarray(token_ids)[: (position + 1) * size]
         with self._lock:
-            candidates = [ns for root, ns in self._namespaces.items() if root != namespace.root_key()]
+            candidates = [
+                ns for root, ns in self._namespaces.items() if root != namespace.root_key()
+            ]
         for other in candidates:
             keys = block_keys(other, prefix[: (position + 1) * other.block_size_tokens])
             if len(keys) > position and self.leading_hits(keys[position : position + 1]):
@@ -417,16 +439,26 @@ class TieredStore:
         with self._lock:
             hits = self.leading_hits(keys)
             if hits == len(keys):
-                return Explanation(len(keys), hits, None, None, None, f"all {hits} full blocks are cached")
+                return Explanation(
+                    len(keys), hits, None, None, None, f"all {hits} full blocks are cached"
+                )
             key = keys[hits]
             where = f"block {hits} ({key.hex()[:16]})"
             if key in self._quarantined:
-                return Explanation(len(keys), hits, hits, key, "checksum", f"{where} failed its checksum and was quarantined")
+                return Explanation(
+                    len(keys),
+                    hits,
+                    hits,
+                    key,
+                    "checksum",
+                    f"{where} failed its checksum and was quarantined",
+                )
             record = self._history.get(key)
             if record is not None:
                 detail = (
                     f"{where} was evicted from the {record.tier} tier by policy {record.policy} "
-                    f"at t={record.at_s:.3f}s" + (f" and demoted to {record.demoted_to}" if record.demoted_to else "")
+                    f"at t={record.at_s:.3f}s"
+                    + (f" and demoted to {record.demoted_to}" if record.demoted_to else "")
                 )
                 return Explanation(len(keys), hits, hits, key, "evicted", detail, record)
         other = self._other_namespace(namespace, token_ids, hits)
@@ -445,7 +477,9 @@ class TieredStore:
             return StoreStats(
                 misses_by_reason=dict(self._misses),
                 quarantined=len(self._quarantined),
-                sessions_active=sum(s.state is SessionState.ACTIVE for s in self._sessions.values()),
+                sessions_active=sum(
+                    s.state is SessionState.ACTIVE for s in self._sessions.values()
+                ),
                 tiers=tiers,
                 **self._counts,
             )

@@ -55,10 +55,16 @@ class Tier(Protocol):
     def get(self, keys: Sequence[BlockKey]) -> list[bytes | None]:
         """Encoded blocks for ``keys``; None for each one not held."""
 
-    def get_into(self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]) -> list[int | None]:
+    def get_into(
+        self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]
+    ) -> list[int | None]:
         """Copies each held block into its buffer; bytes written, or None when not held or too small."""
 
-    def put(self, items: Sequence[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None] | None = None) -> PutResult:
+    def put(
+        self,
+        items: Sequence[tuple[BlockKey, bytes]],
+        parents: Sequence[BlockKey | None] | None = None,
+    ) -> PutResult:
         """Stores encoded blocks, evicting as the policy chooses."""
 
     def remove(self, keys: Sequence[BlockKey]) -> int:

@@ -70,7 +70,10 @@ def generate_agent_trace(config: AgentTraceConfig) -> list[dict[str, object]]:
     for number in range(config.sessions):
         start += rng.expovariate(1 / config.mean_session_gap_s)
         turns = max(1, round(rng.expovariate(1 / config.mean_turns)))
-        heapq.heappush(queue, _Pending(start, len(queue), f"s{number}", list(rng.choice(prompts)) + fresh(1), turns))
+        heapq.heappush(
+            queue,
+            _Pending(start, len(queue), f"s{number}", list(rng.choice(prompts)) + fresh(1), turns),
+        )
     rows: list[dict[str, object]] = []
     order = config.sessions
     while queue:
@@ -87,15 +90,22 @@ def generate_agent_trace(config: AgentTraceConfig) -> list[dict[str, object]]:
         )
         if item.turns_left <= 1:
             continue
-        grown = item.context + fresh(max(1, round(rng.expovariate(1 / config.mean_blocks_per_turn))))
+        grown = item.context + fresh(
+            max(1, round(rng.expovariate(1 / config.mean_blocks_per_turn)))
+        )
         pause = rng.expovariate(1 / config.mean_tool_pause_s)
-        heapq.heappush(queue, _Pending(item.at_s + pause, order, item.session_id, grown, item.turns_left - 1))
+        heapq.heappush(
+            queue, _Pending(item.at_s + pause, order, item.session_id, grown, item.turns_left - 1)
+        )
         order += 1
         if rng.random() < config.subagent_probability:
             for child in range(config.subagent_fanout):
                 sub = f"{item.session_id}.{child}"
                 turns = max(1, round(rng.expovariate(2 / config.mean_turns)))
-                heapq.heappush(queue, _Pending(item.at_s + pause * rng.random(), order, sub, grown + fresh(1), turns))
+                heapq.heappush(
+                    queue,
+                    _Pending(item.at_s + pause * rng.random(), order, sub, grown + fresh(1), turns),
+                )
                 order += 1
     return rows
 

@@ -19,7 +19,9 @@ from agentinfra.kvcache import Namespace, block_keys
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "kv_block_keys_v1.json"
 
 
-def _spec_keys(ns: dict[str, object], tokens: list[int], extra: list[list[bytes]] | None) -> list[str]:
+def _spec_keys(
+    ns: dict[str, object], tokens: list[int], extra: list[list[bytes]] | None
+) -> list[str]:
     """The spec (docs/kv-block-keys.md) written out independently of the implementation."""
 
     def field(data: bytes) -> bytes:
@@ -42,7 +44,13 @@ def _spec_keys(ns: dict[str, object], tokens: list[int], extra: list[list[bytes]
         chunk = tokens[index * size : (index + 1) * size]
         items = extra[index] if extra else []
         extra_bytes = struct.pack("<I", len(items)) + b"".join(field(e) for e in items)
-        payload = b"AIKB" + parent + struct.pack("<I", size) + struct.pack(f"<{size}I", *chunk) + extra_bytes
+        payload = (
+            b"AIKB"
+            + parent
+            + struct.pack("<I", size)
+            + struct.pack(f"<{size}I", *chunk)
+            + extra_bytes
+        )
         parent = hashlib.sha256(payload).digest()
         out.append(parent.hex())
     return out
@@ -132,7 +140,11 @@ def test_independent_of_python_hash_seed() -> None:
     )
     outputs = {
         subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         for seed in ("0", "1", "12345")
     }

@@ -29,7 +29,9 @@ def test_leading_run_semantics_exact() -> None:
 def test_partial_trailing_block_is_not_cached() -> None:
     trace = [req([1, 2], partial=True), req([1, 2], partial=True)]
     assert replay(trace, capacity_blocks=10, policy="lru").hit_blocks == 1
-    assert replay(trace, capacity_blocks=10, policy="lru", cache_partial_blocks=True).hit_blocks == 2
+    assert (
+        replay(trace, capacity_blocks=10, policy="lru", cache_partial_blocks=True).hit_blocks == 2
+    )
 
 
 def test_capacity_bounds_hits_and_belady_beats_lru_on_a_loop() -> None:
@@ -43,7 +45,10 @@ def test_capacity_bounds_hits_and_belady_beats_lru_on_a_loop() -> None:
 @pytest.mark.parametrize("policy", ["lru", "prefix-lru", "lfu-aging"])
 def test_no_policy_beats_belady_on_agent_traces(policy: str) -> None:
     rows = generate_agent_trace(AgentTraceConfig(sessions=30, seed=3))
-    trace = [TraceRequest(r["timestamp"], r["input_length"], r["output_length"], tuple(r["hash_ids"])) for r in rows]  # type: ignore[arg-type]
+    trace = [
+        TraceRequest(r["timestamp"], r["input_length"], r["output_length"], tuple(r["hash_ids"]))
+        for r in rows
+    ]  # type: ignore[arg-type]
     for capacity in (20, 80, 300):
         result = replay(trace, capacity_blocks=capacity, policy=policy)
         assert result.belady_hit_rate is not None
@@ -52,7 +57,9 @@ def test_no_policy_beats_belady_on_agent_traces(policy: str) -> None:
 
 def test_malformed_line_is_named(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n\n{"timestamp": 1, "hash_ids": [1]}\n')
+    path.write_text(
+        '{"timestamp": 0, "input_length": 5, "hash_ids": [1]}\n\n{"timestamp": 1, "hash_ids": [1]}\n'
+    )
     with pytest.raises(TraceFormatError, match=r"t.jsonl:3: missing field\(s\) input_length"):
         read_trace(path)
     path.write_text("not json\n")
@@ -65,12 +72,26 @@ def test_malformed_line_is_named(tmp_path: Path) -> None:
 
 def test_cli_replay_json(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
-    rows = [{"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2 + i % 2]} for i in range(6)]
+    rows = [
+        {"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2 + i % 2]}
+        for i in range(6)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = CliRunner().invoke(app, ["kv", "replay", str(path), "--capacity-blocks", "3", "--json"])
+    result = CliRunner().invoke(
+        app, ["kv", "replay", str(path), "--capacity-blocks", "3", "--json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    for field in ("requests", "blocks", "capacity_blocks", "policy", "hit_rate", "belady_hit_rate", "bytes_moved", "prefill_s_saved"):
+    for field in (
+        "requests",
+        "blocks",
+        "capacity_blocks",
+        "policy",
+        "hit_rate",
+        "belady_hit_rate",
+        "bytes_moved",
+        "prefill_s_saved",
+    ):
         assert field in data
     assert data["requests"] == 6
     assert data["hit_rate"] == pytest.approx(9 / 12)
