@@ -31,6 +31,7 @@ install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
 	$(BIN)/agentinfra info
+	$(BIN)/agentinfra kv compare examples/traces/mooncake_synthetic_trace.jsonl
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

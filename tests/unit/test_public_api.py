@@ -60,6 +60,7 @@ EXPECTED: dict[str, list[str]] = {
         "parse_block",
         "read_trace",
         "replay",
+        "unique_blocks",
         "write_trace",
     ],
     "agentinfra.harness": [],

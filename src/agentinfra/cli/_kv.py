@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from agentinfra.errors import ConfigError
@@ -15,10 +16,12 @@ from agentinfra.kvcache import (
     DEFAULT_POLICY,
     POLICIES,
     AgentTraceConfig,
+    belady_hit_rate,
     capacity_for_fraction,
     generate_agent_trace,
     read_trace,
     replay,
+    unique_blocks,
     write_trace,
 )
 
@@ -87,6 +90,52 @@ def replay_command(
         value = result[key]
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+@kv_app.command("compare")
+def compare_command(
+    trace: Annotated[Path, typer.Argument(help="A JSONL trace in Mooncake's format.")],
+    capacity_fraction: Annotated[
+        list[float] | None,
+        typer.Option(
+            "--capacity-fraction", help="Cache size(s) as fractions of unique blocks (repeatable)."
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per line.")
+    ] = False,
+) -> None:
+    """Replay a trace under every shipped policy and Belady's optimum, side by side."""
+    if not trace.is_file():
+        raise ConfigError(f"trace {trace} does not exist or is not a file")
+    requests = read_trace(trace)
+    fractions = capacity_fraction or [0.05, 0.1, 0.2]
+    table = Table(
+        title=f"{trace.name}: {len(requests)} requests, {unique_blocks(requests)} unique blocks"
+    )
+    table.add_column("capacity")
+    table.add_column("belady", justify="right")
+    for name in sorted(POLICIES):
+        table.add_column(name + (" (default)" if name == DEFAULT_POLICY else ""), justify="right")
+    with Progress(transient=True, console=Console(stderr=True)) as progress:
+        task = progress.add_task("replaying", total=len(fractions) * (len(POLICIES) + 1))
+        for fraction in fractions:
+            capacity = capacity_for_fraction(requests, fraction)
+            optimum = belady_hit_rate(requests, capacity)
+            progress.advance(task)
+            cells = [f"{fraction:.0%} ({capacity} blocks)", f"{optimum:.3f}"]
+            for name in sorted(POLICIES):
+                hit = replay(
+                    requests, capacity_blocks=capacity, policy=name, with_belady=False
+                ).hit_rate
+                progress.advance(task)
+                cells.append(f"{hit:.3f} ({hit / optimum:.0%} of opt)" if optimum else f"{hit:.3f}")
+                if as_json:
+                    typer.echo(json.dumps({"capacity_fraction": fraction, "capacity_blocks": capacity,
+                                           "policy": name, "hit_rate": hit, "belady_hit_rate": optimum}))  # fmt: skip
+            table.add_row(*cells)
+    if not as_json:
+        Console().print(table)
 
 
 @kv_app.command("gen-trace")

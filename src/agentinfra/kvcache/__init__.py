@@ -30,6 +30,7 @@ from agentinfra.kvcache._replay import (
     capacity_for_fraction,
     read_trace,
     replay,
+    unique_blocks,
 )
 from agentinfra.kvcache._store import (
     EvictionRecord,
@@ -86,5 +87,6 @@ __all__ = [
     "parse_block",
     "read_trace",
     "replay",
+    "unique_blocks",
     "write_trace",
 ]

@@ -1,0 +1,37 @@
+"""The benchmarks' --smoke modes run and print well-formed JSON lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["bench_lookup.py", "bench_replay.py"])
+def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
+    args = [sys.executable, script, "--smoke"]
+    if script == "bench_replay.py":
+        args += ["--plot", str(tmp_path / "plot.png")]
+    out = subprocess.run(
+        args,
+        cwd=ROOT / "benchmarks" / "kvcache",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert records
+    assert all("git" in r and "python" in r for r in records)
+    if script == "bench_lookup.py":
+        assert records[0]["leading_hits_ms"] > 0
+    else:
+        hit = [r for r in records if r["bench"] == "replay_hit_rate"]
+        assert all(0 <= r["hit_rate"] <= r["belady_hit_rate"] + 1e-9 for r in hit)
+        assert (tmp_path / "plot.png").stat().st_size > 1000
