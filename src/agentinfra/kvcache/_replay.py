@@ -278,7 +278,7 @@ def belady_hit_rate(
                 break
             tick += 1
             cached[key] = upcoming
-            heapq.heappush(heap, (-upcoming, tick, key))
+            heapq.heappush(heap, (-upcoming, -tick, key))  # ties: the deepest block goes first
             while len(cached) > capacity_blocks:
                 negative, _, victim = heapq.heappop(heap)
                 if cached.get(victim) == -negative:

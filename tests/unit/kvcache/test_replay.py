@@ -103,3 +103,25 @@ def test_cli_replay_bad_trace_is_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["kv", "replay", str(path)])
     assert result.exit_code != 0
     assert isinstance(result.exception, TraceFormatError)
+
+
+def test_cli_gen_trace_then_compare(tmp_path: Path) -> None:
+    path = tmp_path / "agents.jsonl"
+    made = CliRunner().invoke(app, ["kv", "gen-trace", str(path), "--sessions", "8", "--seed", "2"])
+    assert made.exit_code == 0, made.output
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {"timestamp", "input_length", "output_length", "hash_ids", "session_id"} <= set(rows[0])
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+    by_session: dict[str, list[list[int]]] = {}
+    for row in rows:
+        by_session.setdefault(row["session_id"], []).append(row["hash_ids"])
+    for turns in by_session.values():  # every turn re-sends the previous context
+        for before, after in zip(turns, turns[1:], strict=False):
+            assert after[: len(before) - 1] == before[:-1]
+    result = CliRunner().invoke(
+        app, ["kv", "compare", str(path), "--capacity-fraction", "0.1", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert sorted(line["policy"] for line in lines) == ["lfu-aging", "lru", "prefix-lru"]
+    assert all(line["hit_rate"] <= line["belady_hit_rate"] + 1e-9 for line in lines)
