@@ -99,7 +99,7 @@ def generate_agent_trace(config: AgentTraceConfig) -> list[dict[str, object]]:
         )
         order += 1
         if rng.random() < config.subagent_probability:
-            for child in range(config.subagent_fanout):
+            for _ in range(config.subagent_fanout):
                 sub = f"{item.session_id}.{order}"  # order is unique: one id per sub-agent
                 turns = max(1, round(rng.expovariate(2 / config.mean_turns)))
                 heapq.heappush(

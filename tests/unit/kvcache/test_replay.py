@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def test_cli_gen_trace_then_compare(tmp_path: Path) -> None:
     for row in rows:
         by_session.setdefault(row["session_id"], []).append(row["hash_ids"])
     for turns in by_session.values():  # every turn re-sends the previous context
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             assert after[: len(before) - 1] == before[:-1]
     result = CliRunner().invoke(
         app, ["kv", "compare", str(path), "--capacity-fraction", "0.1", "--json"]
