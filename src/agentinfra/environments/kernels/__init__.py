@@ -1,0 +1,25 @@
+"""Kernel optimisation: KernelBench-format problems and a grader hardened against reward hacking.
+
+Public names are re-exported here in one sorted `__all__`, pinned by a test.
+"""
+
+from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade, grade_async
+from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
+from agentinfra.environments.kernels._sandbox import probe_sandbox_mode
+from agentinfra.environments.kernels._static import static_findings
+from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
+
+__all__ = [
+    "Finding",
+    "GRADER_VERSION",
+    "GradeOptions",
+    "Outcome",
+    "ProblemMeta",
+    "Provenance",
+    "Verdict",
+    "grade",
+    "grade_async",
+    "load_problem_meta",
+    "probe_sandbox_mode",
+    "static_findings",
+]

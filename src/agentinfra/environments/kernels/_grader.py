@@ -1,0 +1,708 @@
+"""The trusted supervisor: grades one submission against one problem, in isolation.
+
+Threat model. The submission is an attacker that knows this code.
+
+Covered:
+- It never runs in the supervisor: it runs in a fresh candidate process (per
+  submission) inside the sandbox of `_sandbox` (namespaces, unprivileged uid,
+  limits); the reference runs in its own worker process. The problem file is
+  copied to a private directory the candidate cannot see, and the reference is
+  loaded from that copy; the candidate never receives the problem's code.
+- Correctness: several secret seeds chosen here, the problem's input
+  distribution plus variants (scaled, shifted, sign-flipped, other shapes the
+  problem allows), a variant counting only where the reference's own output is
+  finite; inputs are private copies per side; the output must be a plain tensor
+  of exact shape and dtype, finite where the reference is, within the problem's
+  tolerance (scale-aware; NaN never passes); mutating an input blocks. The
+  comparison runs here, on bytes copied out of the candidate when each call returns.
+- Timing: batches of calls timed with this process's monotonic clock, minus the
+  measured round-trip of an empty batch; every timed call gets fresh inputs from
+  a pool that is never reused; every timed output is committed (hash) before
+  the batch returns and a secret random subset is audited against the reference,
+  so call counting, replay, stale buffers and caller sniffing fail. The
+  reference is timed in its own clean process with the same method, interleaved
+  A B A B, and the speedup is a median with a bootstrap confidence interval.
+  Patching timers inside the candidate changes nothing. CPU time of the
+  candidate's whole process tree is read from /proc: using more cores than
+  allotted blocks. A time below the machine's measured peak FLOP/s and memory
+  bandwidth allow blocks.
+- Nothing in the verdict comes from the candidate's stdout or its account of itself.
+
+Not covered:
+- Side channels and timing noise from other load on the machine; a candidate
+  that is correct on every input we draw but wrong elsewhere (sampling); kernel
+  exploits against the host; in ``rlimits-only`` mode (no namespaces) signalling
+  or reading the supervisor (the verdict then carries a ``sandbox`` warning).
+- GPU-specific attacks beyond device sync per batch (streams are flagged statically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
+from agentinfra.environments.kernels._sandbox import (
+    SandboxLimits,
+    WorkerDiedError,
+    WorkerProcess,
+    WorkerTimeoutError,
+)
+from agentinfra.environments.kernels._static import static_findings
+from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
+from agentinfra.environments.kernels._wire import Frame, TensorBytes
+from agentinfra.environments.kernels._worker import digest
+from agentinfra.errors import ConfigError, TaskEnvironmentError
+
+__all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
+
+GRADER_VERSION = "1.0.0"
+_POOL_BYTES_LIMIT = 768 << 20
+_TARGET_BATCH_S = 0.03
+_PEAKS: dict[tuple[str, int], dict[str, float]] = {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GradeOptions:
+    """How to grade; the defaults are the full protocol."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    threads: int = 1
+    """Torch threads on both sides (CPU)."""
+    timeout_s: float = 120.0
+    """Wall-clock budget of the candidate process."""
+    memory_limit_bytes: int = 4 << 30
+    max_processes: int = 64
+    correctness_seeds: int = 2
+    timing_pairs: int = 12
+    audit_fraction: float = 0.3
+    seed: int | None = None
+    """Master secret seed; fresh from the OS when None. Fixed only for agent-visible checks."""
+    measure_speed: bool = True
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r} must be 'cpu' or 'cuda' (--device)")
+        if (
+            self.threads < 1
+            or self.timeout_s <= 0
+            or self.timing_pairs < 3
+            or self.correctness_seeds < 1
+        ):
+            raise ConfigError(
+                "threads >= 1, timeout_s > 0, timing_pairs >= 3 and correctness_seeds >= 1 are required"
+            )
+        if not 0 < self.audit_fraction <= 1:
+            raise ConfigError(f"audit_fraction={self.audit_fraction} must be in (0, 1]")
+
+
+class _StopGradingError(Exception):
+    """Ends grading early with an outcome."""
+
+    def __init__(self, outcome: Outcome, error: str) -> None:
+        super().__init__(error)
+        self.outcome = outcome
+        self.error = error
+
+
+def _to_array(item: TensorBytes) -> np.ndarray[Any, Any]:
+    import torch
+
+    flat = (
+        torch.frombuffer(bytearray(item.data), dtype=torch.uint8)
+        if item.data
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    if item.dtype == "bool":
+        return flat.numpy().astype(bool).reshape(item.shape)
+    tensor = flat.view(getattr(torch, item.dtype)).reshape(item.shape)
+    if tensor.is_floating_point():
+        tensor = tensor.double()
+    return tensor.numpy()
+
+
+@dataclass(frozen=True, slots=True)
+class _Comparison:
+    ok: bool
+    message: str
+
+
+def _compare(got: TensorBytes, want: TensorBytes, meta: ProblemMeta) -> _Comparison:
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return _Comparison(
+            False, f"output {got.dtype}{list(got.shape)} != expected {want.dtype}{list(want.shape)}"
+        )
+    a, b = _to_array(got), _to_array(want)
+    if a.dtype == bool or not np.issubdtype(b.dtype, np.floating):
+        equal = bool(np.array_equal(a, b))
+        return _Comparison(equal, "" if equal else "integer/bool output differs")
+    finite = np.isfinite(b)
+    if np.isnan(a).any() and not np.isnan(b).any():
+        return _Comparison(
+            False, f"output has {int(np.isnan(a).sum())} NaN values where the reference has none"
+        )
+    if not np.array_equal(np.isfinite(a), finite) or not np.array_equal(a[~finite], b[~finite]):
+        return _Comparison(False, "non-finite values differ from the reference")
+    scale = float(np.abs(b[finite]).max()) if finite.any() else 0.0
+    error = np.abs(a[finite] - b[finite])
+    limit = meta.atol * max(scale, 1e-6) + meta.rtol * np.abs(b[finite])
+    bad = int((error > limit).sum())
+    if bad:
+        worst = float(error.max())
+        return _Comparison(
+            False,
+            f"{bad} of {error.size} elements out of tolerance (max abs error {worst:.3g}, output scale {scale:.3g})",
+        )
+    return _Comparison(True, "")
+
+
+class _Grading:
+    """One grading, as named steps: prepare, start workers, correctness, timing, verdict."""
+
+    def __init__(self, problem: Path, submission: Path, options: GradeOptions) -> None:
+        self.options = options
+        self.meta = load_problem_meta(problem)
+        try:
+            self.source = submission.read_bytes()
+        except OSError as exc:
+            raise TaskEnvironmentError(
+                f"cannot read submission {submission}: {exc.strerror}"
+            ) from None
+        self.rng = random.Random(options.seed if options.seed is not None else secrets.randbits(64))
+        self.findings: list[Finding] = []
+        self.correct = False
+        self.private = Path(tempfile.mkdtemp(prefix="agentinfra-grade-"))
+        os.chmod(self.private, 0o700)
+        self.reference: WorkerProcess | None = None
+        self.candidate: WorkerProcess | None = None
+        self.deadline = 0.0
+        self.timing: dict[str, Any] = {}
+        self.threads = options.threads
+        cpus = sorted(os.sched_getaffinity(0))
+        self.cpus = tuple(cpus[: options.threads]) if len(cpus) >= options.threads else tuple(cpus)
+
+    # -- steps -------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        try:
+            self.findings += static_findings(self.source.decode(errors="replace"))
+        except SyntaxError as exc:
+            raise _StopGradingError(
+                Outcome.INVALID, f"SyntaxError: line {exc.lineno}: {exc.msg}"
+            ) from None
+        shutil.copyfile(self.meta.path, self.private / "problem.py")
+        (self.private / "submission.py").write_bytes(self.source)
+        for sub in ("reference", "candidate"):
+            (self.private / sub).mkdir()
+
+    def _limits(self) -> SandboxLimits:
+        return SandboxLimits(
+            memory_limit_bytes=self.options.memory_limit_bytes,
+            max_processes=self.options.max_processes,
+            cpu_limit_s=int(self.options.timeout_s * max(self.threads, 1)) + 30,
+            threads=self.threads,
+            cpus=self.cpus,
+        )
+
+    def start_reference(self) -> dict[str, Any]:
+        self.reference = WorkerProcess.start(
+            workdir=self.private / "reference", sandboxed=False, limits=self._limits()
+        )
+        self._reference_call({"op": "hello"}, receive_only=True)
+        self.init_seed = self.rng.randrange(1 << 31)
+        frame = self._reference_call(
+            {"op": "load", "role": "reference", "path": str(self.private / "problem.py"), "threads": self.threads,
+             "seed": self.init_seed, "device": self.options.device}
+        )  # fmt: skip
+        return {"header": frame.header, "tensors": frame.tensors}
+
+    def _reference_call(
+        self,
+        header: dict[str, Any],
+        tensors: list[TensorBytes] | None = None,
+        *,
+        receive_only: bool = False,
+    ) -> Frame:
+        assert self.reference is not None
+        timeout = max(60.0, self.options.timeout_s)
+        try:
+            frame = (
+                self.reference.receive(timeout_s=timeout)
+                if receive_only
+                else self.reference.request(header, tensors, timeout_s=timeout)
+            )
+        except (WorkerTimeoutError, WorkerDiedError) as exc:
+            raise _StopGradingError(
+                Outcome.GRADER_ERROR,
+                f"reference worker failed: {exc}; {self.reference.stderr_tail()}",
+            ) from None
+        if not frame.header.get("ok"):
+            raise _StopGradingError(
+                Outcome.GRADER_ERROR,
+                f"reference failed in {header.get('op')}: {frame.header.get('error')}",
+            )
+        return frame
+
+    def start_candidate(self, loaded: dict[str, Any]) -> None:
+        uid = self._free_uid()
+        self.candidate = WorkerProcess.start(
+            workdir=self.private / "candidate", sandboxed=True, limits=self._limits(),
+            submission=self.private / "submission.py", uid=uid,
+        )  # fmt: skip
+        self.deadline = time.monotonic() + self.options.timeout_s
+        if self.candidate.mode == "rlimits-only":
+            shutil.copyfile(
+                self.private / "submission.py", self.private / "candidate" / "submission.py"
+            )
+            self.findings.append(
+                Finding(
+                    check="sandbox",
+                    severity="warn",
+                    message="no namespaces on this machine: the candidate ran with resource limits only",
+                )
+            )
+        self._candidate_call({"op": "hello"}, receive_only=True, phase="start")
+        header = loaded["header"]
+        path = (
+            "/tmp/work/submission.py"
+            if self.candidate.mode in ("namespaces+uid", "userns")
+            else str(self.private / "candidate" / "submission.py")
+        )
+        reply = self._candidate_call(
+            {"op": "load", "role": "candidate", "path": path, "threads": self.threads, "seed": self.init_seed,
+             "device": self.options.device, "init": header["init"], "state_names": header["state_names"],
+             "init_tensor_count": header["init_tensor_count"]},
+            loaded["tensors"], phase="load", allow_error=True,
+        )  # fmt: skip
+        if not reply.header.get("ok"):
+            raise _StopGradingError(
+                Outcome.INVALID, str(reply.header.get("error", "load failed"))[:2000]
+            )
+
+    def _free_uid(self) -> int:
+        used = set()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    used.add(os.stat(f"/proc/{entry}").st_uid)
+        while True:
+            uid = self.rng.randrange(200_000, 260_000)
+            if uid not in used:
+                return uid
+
+    def _candidate_call(self, header: dict[str, Any], tensors: list[TensorBytes] | None = None, *, phase: str,
+                        receive_only: bool = False, allow_error: bool = False) -> Frame:  # fmt: skip
+        assert self.candidate is not None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise _StopGradingError(
+                Outcome.TIMEOUT,
+                f"candidate exceeded its {self.options.timeout_s:.0f} s budget during {phase}",
+            )
+        try:
+            frame = (
+                self.candidate.receive(timeout_s=left)
+                if receive_only
+                else self.candidate.request(header, tensors, timeout_s=left)
+            )
+        except WorkerTimeoutError:
+            raise _StopGradingError(
+                Outcome.TIMEOUT,
+                f"candidate exceeded its {self.options.timeout_s:.0f} s budget during {phase}",
+            ) from None
+        except WorkerDiedError as exc:
+            raise self._death(exc, phase) from None
+        if not frame.header.get("ok") and not allow_error:
+            kind = frame.header.get("error_type", "")
+            outcome = (
+                Outcome.CRASHED if kind in ("MemoryError", "RecursionError") else Outcome.FAILED
+            )
+            raise _StopGradingError(
+                outcome, f"candidate raised during {phase}: {str(frame.header.get('error'))[:1500]}"
+            )
+        if not frame.header.get("ok") and frame.header.get("error_type") == "MemoryError":
+            raise _StopGradingError(Outcome.CRASHED, f"candidate ran out of memory during {phase}")
+        return frame
+
+    def _death(self, exc: WorkerDiedError, phase: str) -> _StopGradingError:
+        assert self.candidate is not None
+        with contextlib.suppress(Exception):
+            self.candidate.process.wait(timeout=5)
+        code = self.candidate.process.poll()
+        tail = self.candidate.stderr_tail(600)
+        if code is not None and code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+            return _StopGradingError(
+                Outcome.TIMEOUT, f"candidate hit its CPU-time limit during {phase}"
+            )
+        return _StopGradingError(
+            Outcome.CRASHED,
+            f"candidate process ended during {phase} (exit status {code}): {exc}; stderr: {tail}",
+        )
+
+    def check_correctness(self) -> None:
+        cases: list[tuple[int, str, dict[str, int]]] = [
+            (self.rng.randrange(1 << 31), variant, {})
+            for _ in range(self.options.correctness_seeds)
+            for variant in self.meta.variants
+        ]
+        cases += [
+            (self.rng.randrange(1 << 31), "base", dict(shape)) for shape in self.meta.shape_variants
+        ]
+        checked = 0
+        failures: list[str] = []
+        for seed, variant, shape in cases:
+            gen = self._reference_call(
+                {"op": "gen", "seed": seed, "variant": variant, "shape": shape}
+            )
+            if not gen.header["finite"] and variant != "base":
+                continue
+            inputs, expected = gen.tensors[:-1], gen.tensors[-1]
+            reply = self._candidate_call(
+                {"op": "call", "inputs": gen.header["inputs"]}, inputs, phase="correctness"
+            )
+            checked += 1
+            label = f"seed {seed}, variant {variant}" + (f", shape {shape}" if shape else "")
+            if reply.header.get("output_type") != "torch.Tensor" or not reply.tensors:
+                self.findings.append(
+                    Finding(
+                        check="output_type",
+                        severity="block",
+                        message=f"output is {reply.header.get('output_type')}, not a plain torch.Tensor",
+                        evidence=label,
+                    )
+                )
+                failures.append(label)
+                continue
+            sent = [digest(t) for t in inputs]
+            after = [
+                a
+                for a in reply.header.get("inputs_after", [])
+                if isinstance(a, str) and len(a) == 32
+            ]
+            if after != sent[: len(after)] or len(after) != len(sent):
+                self.findings.append(
+                    Finding(
+                        check="input_mutation",
+                        severity="block",
+                        message="an input was modified by the call",
+                        evidence=label,
+                    )
+                )
+            result = _compare(reply.tensors[0], expected, self.meta)
+            if not result.ok:
+                failures.append(f"{label}: {result.message}")
+        self.correct = checked > 0 and not failures
+        if failures:
+            self.findings.append(
+                Finding(
+                    check="correctness",
+                    severity="warn",
+                    message=f"{len(failures)} of {checked} checks failed",
+                    evidence="; ".join(failures[:4]),
+                )
+            )
+
+    def measure(self) -> None:
+        peaks = self._peaks()
+        probe = self._reference_call(
+            {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
+        )
+        entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
+        reference_s = self._time_single(probe)
+        per_batch = max(1, min(16, int(_TARGET_BATCH_S / max(reference_s, 1e-6))))
+        pairs = self.options.timing_pairs
+        warmup = 2
+        pool_size = (pairs + warmup) * per_batch
+        if pool_size * entry_bytes > _POOL_BYTES_LIMIT:
+            per_batch = max(1, _POOL_BYTES_LIMIT // entry_bytes // (pairs + warmup))
+            pool_size = (pairs + warmup) * per_batch
+        if pool_size * entry_bytes > _POOL_BYTES_LIMIT:
+            pairs = max(3, _POOL_BYTES_LIMIT // entry_bytes - warmup)
+            pool_size = pairs + warmup
+        entries, expected = self._build_pool(pool_size)
+        tensors = [t for entry in entries for t in entry[1]]
+        encoded = self._reindex([e[0] for e in entries])
+        for worker_call in (
+            self._reference_call,
+            lambda h, t: self._candidate_call(h, t, phase="pool"),
+        ):
+            worker_call({"op": "pool", "entries": encoded}, tensors)
+        order = list(range(pool_size))
+        self.rng.shuffle(order)
+        overhead_ref = self._empty_overhead(reference=True)
+        overhead_cand = self._empty_overhead(reference=False)
+        cpu_before = self.candidate.cpu_seconds() if self.candidate else 0.0
+        cand_wall = 0.0
+        ref_times: list[float] = []
+        cand_times: list[float] = []
+        for index in range(pairs + warmup):
+            chunk = order[index * per_batch : (index + 1) * per_batch]
+            ref_s = self._timed_batch(chunk, reference=True)
+            cand_s, commits = self._timed_batch_candidate(chunk)
+            cand_wall += cand_s
+            self._audit(chunk, commits, expected)
+            if index >= warmup:
+                ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
+                cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
+        cpu_used = (self.candidate.cpu_seconds() if self.candidate else 0.0) - cpu_before
+        self._check_cores(cpu_used, cand_wall)
+        self._finish_timing(ref_times, cand_times, peaks)
+
+    def _peaks(self) -> dict[str, float]:
+        key = (self.options.device, self.threads)
+        if key not in _PEAKS:
+            _PEAKS[key] = {
+                k: float(v)
+                for k, v in self._reference_call({"op": "peaks"}).header.items()
+                if k in ("flops_per_s", "bytes_per_s")
+            }
+        return _PEAKS[key]
+
+    def _time_single(self, probe: Frame) -> float:
+        self._reference_call(
+            {"op": "pool", "entries": [probe.header["inputs"]]}, probe.tensors[:-1]
+        )
+        best = float("inf")
+        for _ in range(3):
+            best = min(best, self._timed_batch([0], reference=True))
+        return best
+
+    def _build_pool(
+        self, size: int
+    ) -> tuple[list[tuple[Any, list[TensorBytes]]], list[TensorBytes]]:
+        entries: list[tuple[Any, list[TensorBytes]]] = []
+        expected: list[TensorBytes] = []
+        for _ in range(size):
+            gen = self._reference_call(
+                {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
+            )
+            entries.append((gen.header["inputs"], gen.tensors[:-1]))
+            expected.append(gen.tensors[-1])
+        return entries, expected
+
+    @staticmethod
+    def _reindex(encoded_entries: list[Any]) -> list[Any]:
+        """Renumbers per-entry tensor references into one flat list."""
+        offset = 0
+        count = 0
+        out: list[Any] = []
+
+        def shift(value: Any) -> Any:
+            nonlocal count
+            if isinstance(value, dict) and "__tensor__" in value:
+                count += 1
+                return {"__tensor__": offset + int(value["__tensor__"])}
+            if isinstance(value, list):
+                return [shift(v) for v in value]
+            return value
+
+        for entry in encoded_entries:
+            count = 0
+            out.append(shift(entry))
+            offset += count
+        return out
+
+    def _empty_overhead(self, *, reference: bool) -> float:
+        samples = [
+            self._timed_batch([], reference=reference)
+            if reference
+            else self._timed_batch_candidate([])[0]
+            for _ in range(7)
+        ]
+        return statistics.median(samples)
+
+    def _timed_batch(self, indices: list[int], *, reference: bool) -> float:
+        assert self.reference is not None
+        start = time.perf_counter()
+        self._reference_call({"op": "batch", "indices": indices})
+        return time.perf_counter() - start
+
+    def _timed_batch_candidate(self, indices: list[int]) -> tuple[float, list[str]]:
+        start = time.perf_counter()
+        frame = self._candidate_call({"op": "batch", "indices": indices}, phase="timing")
+        elapsed = time.perf_counter() - start
+        commits = frame.header.get("commits")
+        if not isinstance(commits, list) or len(commits) != len(indices):
+            raise _StopGradingError(
+                Outcome.CRASHED, "candidate broke the timing protocol (wrong number of results)"
+            )
+        return elapsed, [str(c) for c in commits]
+
+    def _audit(self, chunk: list[int], commits: list[str], expected: list[TensorBytes]) -> None:
+        positions = [
+            p for p in range(len(chunk)) if self.rng.random() < self.options.audit_fraction
+        ]
+        if not positions:
+            return
+        frame = self._candidate_call({"op": "fetch", "positions": positions}, phase="audit")
+        if len(frame.tensors) != len(positions):
+            raise _StopGradingError(Outcome.CRASHED, "candidate broke the audit protocol")
+        for position, got in zip(positions, frame.tensors, strict=True):
+            if digest(got) != commits[position]:
+                self.findings.append(
+                    Finding(
+                        check="audit",
+                        severity="block",
+                        message="an audited output differs from what the candidate committed when its timed call returned",
+                        evidence=f"timed call {chunk[position]}",
+                    )
+                )
+                self.correct = False
+                return
+            result = _compare(got, expected[chunk[position]], self.meta)
+            if not result.ok:
+                self.findings.append(
+                    Finding(
+                        check="audit",
+                        severity="block",
+                        message="a timed call's output was wrong although the correctness checks passed (correct only while checked)",
+                        evidence=f"timed call {chunk[position]}: {result.message}",
+                    )
+                )
+                self.correct = False
+                return
+
+    def _check_cores(self, cpu_s: float, wall_s: float) -> None:
+        if wall_s <= 0.05:
+            return
+        cores = cpu_s / wall_s
+        allowed = self.threads * 1.5 + 0.25
+        if cores > allowed:
+            self.findings.append(
+                Finding(
+                    check="threads_processes",
+                    severity="block",
+                    message=f"the candidate used {cores:.1f} cores while timed; {self.threads} allotted",
+                    evidence=f"cpu {cpu_s:.2f} s over wall {wall_s:.2f} s",
+                )
+            )
+
+    def _finish_timing(
+        self, ref_times: list[float], cand_times: list[float], peaks: dict[str, float]
+    ) -> None:
+        baseline = statistics.median(ref_times)
+        candidate = statistics.median(cand_times)
+        ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
+        boot = sorted(
+            statistics.median(self.rng.choices(ratios, k=len(ratios))) for _ in range(400)
+        )
+        self.timing = {
+            "baseline_ms": baseline * 1e3,
+            "candidate_ms": candidate * 1e3,
+            "speedup": baseline / candidate,
+            "speedup_ci": (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]),
+        }
+        floor = 0.0
+        if self.meta.flops and peaks.get("flops_per_s"):
+            floor = max(floor, self.meta.flops / peaks["flops_per_s"])
+        if self.meta.bytes and peaks.get("bytes_per_s"):
+            floor = max(floor, self.meta.bytes / peaks["bytes_per_s"])
+        if floor and candidate < 0.5 * floor:
+            self.findings.append(
+                Finding(
+                    check="plausibility",
+                    severity="block",
+                    message=f"{candidate * 1e3:.4f} ms per call is below the physical floor of {floor * 1e3:.4f} ms for this problem's work on this machine",
+                    evidence=f"peaks {peaks}",
+                )
+            )
+
+    # -- verdict -----------------------------------------------------------------
+
+    def provenance(self) -> Provenance:
+        import platform
+
+        import torch
+
+        mode = self.candidate.mode if self.candidate else "none"
+        model = platform.processor() or platform.machine()
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        if self.options.device == "cuda" and torch.cuda.is_available():
+            model = torch.cuda.get_device_name()
+        return Provenance(
+            grader_version=GRADER_VERSION, torch_version=str(torch.__version__), device=self.options.device,
+            device_model=model, threads=self.threads, sandbox=mode, problem_sha256=self.meta.sha256,
+            submission_sha256=hashlib.sha256(self.source).hexdigest(),
+        )  # fmt: skip
+
+    def verdict(self, stop: _StopGradingError | None) -> Verdict:
+        blocking = any(f.severity == "block" for f in self.findings)
+        if stop is not None and stop.outcome is Outcome.INVALID:
+            outcome = Outcome.INVALID
+        elif blocking:
+            outcome = Outcome.HACK_FLAGGED
+        elif stop is not None:
+            outcome = stop.outcome
+        else:
+            outcome = Outcome.PASSED if self.correct else Outcome.FAILED
+        timing = (
+            self.timing
+            if outcome is Outcome.PASSED or (outcome is Outcome.HACK_FLAGGED and self.correct)
+            else {}
+        )
+        return Verdict(
+            outcome=outcome, correct=self.correct and stop is None and not any(f.check == "audit" for f in self.findings),
+            speedup=timing.get("speedup"), speedup_ci=timing.get("speedup_ci"), candidate_ms=timing.get("candidate_ms"),
+            baseline_ms=timing.get("baseline_ms"), findings=self.findings, provenance=self.provenance(),
+            error=stop.error if stop else None,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for worker in (self.candidate, self.reference):
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    worker.kill()
+        shutil.rmtree(self.private, ignore_errors=True)
+
+    def run(self) -> Verdict:
+        stop: _StopGradingError | None = None
+        try:
+            self.prepare()
+            loaded = self.start_reference()
+            self.start_candidate(loaded)
+            self.check_correctness()
+            if self.correct and self.options.measure_speed:
+                self.measure()
+        except _StopGradingError as exc:
+            stop = exc
+        finally:
+            self.close()
+        return self.verdict(stop)
+
+
+def grade(problem: Path, submission: Path, options: GradeOptions | None = None) -> Verdict:
+    """Grades ``submission`` against ``problem`` and returns the verdict.
+
+    A verdict is returned for every outcome of the submission (crash, timeout,
+    cheating included).
+
+    Raises:
+        TaskEnvironmentError: the problem or submission file cannot be read, or the
+            problem is not in KernelBench format (a usage error, not a verdict).
+    """
+    return _Grading(Path(problem), Path(submission), options or GradeOptions()).run()
+
+
+async def grade_async(
+    problem: Path, submission: Path, options: GradeOptions | None = None
+) -> Verdict:
+    """`grade` on a worker thread, for event-loop callers such as the harness."""
+    return await asyncio.to_thread(grade, problem, submission, options)

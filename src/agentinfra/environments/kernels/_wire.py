@@ -1,0 +1,130 @@
+"""Frames between the supervisor and its workers: a fixed header, JSON, raw tensor bytes.
+
+    frame = b"AIKG" || uint32 json_bytes || uint64 payload_bytes || json || payload
+
+The JSON object carries ``tensors``: a list of ``{"dtype", "shape"}`` whose raw
+little-endian bytes follow back to back in the payload. Nothing is pickled.
+Frames from a candidate worker are untrusted: `read_frame` validates sizes,
+dtypes and shapes and raises `WireError` on anything malformed.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import IO, Any
+
+__all__ = ["DTYPE_BYTES", "Frame", "TensorBytes", "WireError", "encode_frame", "read_frame"]
+
+_HEADER = struct.Struct("<4sIQ")
+_MAGIC = b"AIKG"
+_MAX_JSON = 16 << 20
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+class WireError(Exception):
+    """A frame is malformed, truncated or too large."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorBytes:
+    """One tensor as raw bytes: dtype name, shape, data."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded frame: its JSON object and its tensors."""
+
+    header: dict[str, Any]
+    tensors: list[TensorBytes]
+
+
+def encode_frame(header: dict[str, Any], tensors: list[TensorBytes] | None = None) -> bytes:
+    """Encodes one frame."""
+    tensors = tensors or []
+    body = dict(header, tensors=[{"dtype": t.dtype, "shape": list(t.shape)} for t in tensors])
+    text = json.dumps(body, separators=(",", ":")).encode()
+    payload = b"".join(t.data for t in tensors)
+    return _HEADER.pack(_MAGIC, len(text), len(payload)) + text + payload
+
+
+def _read_exactly(stream: IO[bytes], count: int) -> bytes:
+    chunks: list[bytes] = []
+    left = count
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise WireError(f"stream ended with {left} of {count} bytes unread")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _tensor_specs(
+    header: dict[str, Any], payload_bytes: int
+) -> list[tuple[str, tuple[int, ...], int]]:
+    specs = header.get("tensors")
+    if not isinstance(specs, list):
+        raise WireError("frame has no tensor list")
+    out: list[tuple[str, tuple[int, ...], int]] = []
+    total = 0
+    for spec in specs:
+        if not isinstance(spec, dict) or spec.get("dtype") not in DTYPE_BYTES:
+            raise WireError(f"bad tensor spec {str(spec)[:80]}")
+        shape = spec.get("shape")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 8
+            or not all(isinstance(d, int) and 0 <= d < 1 << 40 for d in shape)
+        ):
+            raise WireError(f"bad tensor shape {str(shape)[:80]}")
+        count = DTYPE_BYTES[spec["dtype"]]
+        for dim in shape:
+            count *= dim
+        total += count
+        out.append((spec["dtype"], tuple(shape), count))
+    if total != payload_bytes:
+        raise WireError(f"tensor sizes add up to {total} bytes, payload has {payload_bytes}")
+    return out
+
+
+def read_frame(stream: IO[bytes], *, max_payload_bytes: int) -> Frame:
+    """Reads and validates one frame.
+
+    Raises:
+        WireError: bad magic, oversized, truncated or inconsistent frame.
+    """
+    magic, json_bytes, payload_bytes = _HEADER.unpack(_read_exactly(stream, _HEADER.size))
+    if magic != _MAGIC:
+        raise WireError(f"bad frame magic {magic!r}")
+    if json_bytes > _MAX_JSON or payload_bytes > max_payload_bytes:
+        raise WireError(f"frame too large ({json_bytes} + {payload_bytes} bytes)")
+    try:
+        header = json.loads(_read_exactly(stream, json_bytes))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise WireError(f"frame JSON is malformed: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("frame JSON is not an object")
+    specs = _tensor_specs(header, payload_bytes)
+    payload = _read_exactly(stream, payload_bytes)
+    tensors: list[TensorBytes] = []
+    offset = 0
+    for dtype, shape, count in specs:
+        tensors.append(TensorBytes(dtype, shape, payload[offset : offset + count]))
+        offset += count
+    return Frame(header, tensors)

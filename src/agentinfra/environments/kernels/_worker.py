@@ -1,0 +1,307 @@
+"""The worker: runs a reference problem or a candidate submission, one command at a time.
+
+Started by the supervisor as ``python -I -m agentinfra.environments.kernels._worker
+FD_IN FD_OUT`` (inside the sandbox for a candidate). It reads `_wire` frames
+from FD_IN and answers on FD_OUT. In a candidate process everything here may be
+patched by the submission, so the supervisor trusts none of its answers: it
+compares output bytes itself, times batches with its own clock and audits
+committed output hashes.
+
+Commands: ``load`` (build the model), ``gen`` (reference only: inputs and the
+expected output for a seed and variant), ``call`` (one call on given inputs),
+``pool`` (store timing inputs), ``batch`` (timed calls, answers with a hash of
+each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
+FLOP/s and bandwidth), ``exit``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import xxhash
+
+from agentinfra.environments.kernels._wire import (
+    Frame,
+    TensorBytes,
+    WireError,
+    encode_frame,
+    read_frame,
+)
+
+_MAX_PAYLOAD = 8 << 30
+_VARIANT_SCALE = 100.0
+_VARIANT_SHIFT = 3.0
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def tensor_to_bytes(tensor: Any) -> TensorBytes:
+    torch = _torch()
+    plain = torch.Tensor.contiguous(torch.Tensor.cpu(torch.Tensor.detach(tensor)))
+    name = str(plain.dtype).removeprefix("torch.")
+    raw = plain.view(torch.uint8) if plain.dtype != torch.bool else plain.to(torch.uint8)
+    return TensorBytes(name, tuple(plain.shape), raw.numpy().tobytes())
+
+
+def bytes_to_tensor(item: TensorBytes, device: str = "cpu") -> Any:
+    torch = _torch()
+    flat = (
+        torch.frombuffer(bytearray(item.data), dtype=torch.uint8)
+        if item.data
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    if item.dtype == "bool":
+        return flat.to(torch.bool).reshape(item.shape).to(device)
+    return flat.view(getattr(torch, item.dtype)).reshape(item.shape).to(device)
+
+
+def digest(item: TensorBytes) -> str:
+    """The commitment to one output: xxh3-128 over dtype, shape and bytes."""
+    hasher = xxhash.xxh3_128()
+    hasher.update(f"{item.dtype}|{item.shape}|".encode())
+    hasher.update(item.data)
+    return hasher.hexdigest()
+
+
+def encode_values(values: Any, tensors: list[TensorBytes]) -> Any:
+    """Plain JSON for nested lists of numbers and strings; tensors go to ``tensors``."""
+    torch = _torch()
+    if isinstance(values, torch.Tensor):
+        tensors.append(tensor_to_bytes(values))
+        return {"__tensor__": len(tensors) - 1}
+    if isinstance(values, list | tuple):
+        return [encode_values(v, tensors) for v in values]
+    if values is None or isinstance(values, bool | int | float | str):
+        return values
+    raise TypeError(f"cannot pass a {type(values).__name__} between processes")
+
+
+def decode_values(values: Any, tensors: list[TensorBytes], device: str) -> Any:
+    if isinstance(values, dict) and "__tensor__" in values:
+        return bytes_to_tensor(tensors[int(values["__tensor__"])], device)
+    if isinstance(values, list):
+        return [decode_values(v, tensors, device) for v in values]
+    return values
+
+
+def _import_file(path: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Worker:
+    """One reference or candidate model and its command handlers."""
+
+    def __init__(self) -> None:
+        self.role = ""
+        self.device = "cpu"
+        self.module: Any = None
+        self.model: Any = None
+        self.pool: list[list[Any]] = []
+        self.last_outputs: list[Any] = []
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            _torch().cuda.synchronize()
+
+    def load(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        header = frame.header
+        self.role, self.device = header["role"], header.get("device", "cpu")
+        torch.set_num_threads(int(header["threads"]))
+        seed = int(header["seed"])
+        if self.role == "reference":
+            self.module = _import_file(header["path"], "agentinfra_problem")
+            torch.manual_seed(seed)
+            init = list(self.module.get_init_inputs())
+            torch.manual_seed(seed)
+            self.model = self.module.Model(*init).to(self.device)
+            tensors: list[TensorBytes] = []
+            encoded_init = encode_values(init, tensors)
+            names: list[str] = []
+            for name, value in self.model.state_dict().items():
+                names.append(name)
+                tensors.append(tensor_to_bytes(value))
+            return {
+                "init": encoded_init,
+                "state_names": names,
+                "init_tensor_count": len(tensors) - len(names),
+            }, tensors
+        count = int(header["init_tensor_count"])
+        init = decode_values(header["init"], frame.tensors[:count], self.device)
+        self.module = _import_file(header["path"], "submission")
+        if not hasattr(self.module, "ModelNew"):
+            raise AttributeError("submission defines no ModelNew")
+        torch.manual_seed(seed)
+        self.model = self.module.ModelNew(*init).to(self.device)
+        own = self.model.state_dict()
+        matched = 0
+        with torch.no_grad():
+            for name, item in zip(header["state_names"], frame.tensors[count:], strict=True):
+                if name in own and tuple(own[name].shape) == item.shape:
+                    own[name].copy_(bytes_to_tensor(item, self.device))
+                    matched += 1
+        return {"matched": matched}, []
+
+    def _call(self, inputs: list[Any]) -> Any:
+        torch = _torch()
+        with torch.no_grad():
+            return self.model(*inputs)
+
+    def gen(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        header = frame.header
+        saved = {
+            k: getattr(self.module, k) for k in header.get("shape", {}) if hasattr(self.module, k)
+        }
+        try:
+            for key, value in header.get("shape", {}).items():
+                setattr(self.module, key, value)
+            torch.manual_seed(int(header["seed"]))
+            inputs = [
+                x.to(self.device) if isinstance(x, torch.Tensor) else x
+                for x in self.module.get_inputs()
+            ]
+        finally:
+            for key, value in saved.items():
+                setattr(self.module, key, value)
+        variant = header.get("variant", "base")
+        for index, value in enumerate(inputs):
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                if variant == "scaled":
+                    inputs[index] = value * _VARIANT_SCALE
+                elif variant == "shifted":
+                    inputs[index] = value + _VARIANT_SHIFT
+                elif variant == "sign_flipped":
+                    inputs[index] = -value
+        output = self._call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+        self._sync()
+        tensors: list[TensorBytes] = []
+        encoded = encode_values(inputs, tensors)
+        finite = bool(torch.isfinite(output).all()) if output.is_floating_point() else True
+        tensors.append(tensor_to_bytes(output))
+        return {"inputs": encoded, "finite": finite}, tensors
+
+    def call(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        count = len(frame.tensors)
+        inputs = decode_values(frame.header["inputs"], frame.tensors[:count], self.device)
+        _poison(self.device)
+        output = self._call(inputs)
+        self._sync()
+        after = [
+            digest(tensor_to_bytes(x)) if isinstance(x, torch.Tensor) else repr(x) for x in inputs
+        ]
+        kind = f"{type(output).__module__}.{type(output).__qualname__}"
+        if type(output) is not torch.Tensor:
+            return {"output_type": kind, "inputs_after": after}, []
+        return {"output_type": kind, "inputs_after": after}, [tensor_to_bytes(output)]
+
+    def store_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        self.pool = [
+            decode_values(entry, frame.tensors, self.device) for entry in frame.header["entries"]
+        ]
+        return {"size": len(self.pool)}, []
+
+    def batch(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        self.last_outputs = []
+        for index in frame.header["indices"]:
+            self.last_outputs.append(self._call(self.pool[int(index)]))
+        self._sync()
+        commits = [
+            digest(tensor_to_bytes(out)) if type(out) is torch.Tensor else "not-a-tensor"
+            for out in self.last_outputs
+        ]
+        return {"commits": commits}, []
+
+    def fetch(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        return {}, [tensor_to_bytes(self.last_outputs[int(p)]) for p in frame.header["positions"]]
+
+    def peaks(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        size = 1024
+        a = torch.randn(size, size, device=self.device)
+        b = torch.randn(size, size, device=self.device)
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            self._sync()
+            best = min(best, time.perf_counter() - start)
+        big = torch.empty(64 << 20, dtype=torch.uint8, device=self.device)
+        other = torch.empty_like(big)
+        copy = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            other.copy_(big)
+            self._sync()
+            copy = min(copy, time.perf_counter() - start)
+        return {"flops_per_s": 2 * size**3 / best, "bytes_per_s": 2 * big.numel() / copy}, []
+
+
+def _poison(device: str) -> None:
+    """Fills and frees memory so that a fresh ``torch.empty`` is likely to hold NaN, not old data."""
+    torch = _torch()
+    with contextlib.suppress(RuntimeError):
+        torch.full((1 << 20,), float("nan"), device=device)
+
+
+def serve(fd_in: int, fd_out: int) -> None:
+    reader = os.fdopen(fd_in, "rb", buffering=1 << 20)
+    writer = os.fdopen(fd_out, "wb", buffering=0)
+    worker = Worker()
+    handlers = {
+        "load": worker.load,
+        "gen": worker.gen,
+        "call": worker.call,
+        "pool": worker.store_pool,
+        "batch": worker.batch,
+        "fetch": worker.fetch,
+        "peaks": worker.peaks,
+    }
+    writer.write(encode_frame({"ok": True, "op": "hello", "pid": os.getpid()}))
+    while True:
+        try:
+            frame = read_frame(reader, max_payload_bytes=_MAX_PAYLOAD)
+        except WireError:
+            return
+        op = frame.header.get("op")
+        if op == "exit" or op not in handlers:
+            return
+        try:
+            header, tensors = handlers[op](frame)
+            reply = encode_frame({"ok": True, "op": op, **header}, tensors)
+        except BaseException as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            reply = encode_frame(
+                {"ok": False, "op": op, "error": detail[-2000:], "error_type": type(exc).__name__}
+            )
+        writer.write(reply)
+
+
+def main() -> None:
+    fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
+    sys.stdout = sys.stderr
+    serve(fd_in, fd_out)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
