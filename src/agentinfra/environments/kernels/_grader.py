@@ -64,8 +64,7 @@ from agentinfra.environments.kernels._sandbox import (
 )
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
-from agentinfra.environments.kernels._wire import Frame, TensorBytes
-from agentinfra.environments.kernels._worker import digest
+from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
@@ -645,10 +644,10 @@ class _Grading:
 
     def verdict(self, stop: _StopGradingError | None) -> Verdict:
         blocking = any(f.severity == "block" for f in self.findings)
-        if stop is not None and stop.outcome is Outcome.INVALID:
-            outcome = Outcome.INVALID
-        elif blocking:
+        if blocking:
             outcome = Outcome.HACK_FLAGGED
+        elif stop is not None and stop.outcome is Outcome.INVALID:
+            outcome = Outcome.INVALID
         elif stop is not None:
             outcome = stop.outcome
         else:

@@ -15,7 +15,17 @@ import struct
 from dataclasses import dataclass
 from typing import IO, Any
 
-__all__ = ["DTYPE_BYTES", "Frame", "TensorBytes", "WireError", "encode_frame", "read_frame"]
+import xxhash
+
+__all__ = [
+    "DTYPE_BYTES",
+    "Frame",
+    "TensorBytes",
+    "WireError",
+    "digest",
+    "encode_frame",
+    "read_frame",
+]
 
 _HEADER = struct.Struct("<4sIQ")
 _MAGIC = b"AIKG"
@@ -128,3 +138,11 @@ def read_frame(stream: IO[bytes], *, max_payload_bytes: int) -> Frame:
         tensors.append(TensorBytes(dtype, shape, payload[offset : offset + count]))
         offset += count
     return Frame(header, tensors)
+
+
+def digest(item: TensorBytes) -> str:
+    """The commitment to one output: xxh3-128 over dtype, shape and bytes."""
+    hasher = xxhash.xxh3_128()
+    hasher.update(f"{item.dtype}|{item.shape}|".encode())
+    hasher.update(item.data)
+    return hasher.hexdigest()

@@ -24,12 +24,11 @@ import time
 import traceback
 from typing import Any
 
-import xxhash
-
 from agentinfra.environments.kernels._wire import (
     Frame,
     TensorBytes,
     WireError,
+    digest,
     encode_frame,
     read_frame,
 )
@@ -49,7 +48,8 @@ def tensor_to_bytes(tensor: Any) -> TensorBytes:
     torch = _torch()
     plain = torch.Tensor.contiguous(torch.Tensor.cpu(torch.Tensor.detach(tensor)))
     name = str(plain.dtype).removeprefix("torch.")
-    raw = plain.view(torch.uint8) if plain.dtype != torch.bool else plain.to(torch.uint8)
+    flat = plain.reshape(-1)
+    raw = flat.view(torch.uint8) if plain.dtype != torch.bool else flat.to(torch.uint8)
     return TensorBytes(name, tuple(plain.shape), raw.numpy().tobytes())
 
 
@@ -63,14 +63,6 @@ def bytes_to_tensor(item: TensorBytes, device: str = "cpu") -> Any:
     if item.dtype == "bool":
         return flat.to(torch.bool).reshape(item.shape).to(device)
     return flat.view(getattr(torch, item.dtype)).reshape(item.shape).to(device)
-
-
-def digest(item: TensorBytes) -> str:
-    """The commitment to one output: xxh3-128 over dtype, shape and bytes."""
-    hasher = xxhash.xxh3_128()
-    hasher.update(f"{item.dtype}|{item.shape}|".encode())
-    hasher.update(item.data)
-    return hasher.hexdigest()
 
 
 def encode_values(values: Any, tensors: list[TensorBytes]) -> Any:

@@ -1,0 +1,9 @@
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    """PyTorch's fused scaled-dot-product attention."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
