@@ -20,6 +20,7 @@ from rich.logging import RichHandler
 
 import agentinfra
 from agentinfra._settings import load_settings
+from agentinfra.cli._grade import grade_command
 from agentinfra.cli._kv import kv_app
 from agentinfra.errors import AgentInfraError
 
@@ -111,6 +112,7 @@ def info(
 
 
 app.add_typer(kv_app, name="kv")
+app.command("grade")(grade_command)
 
 
 def main() -> None:
@@ -118,5 +120,6 @@ def main() -> None:
     try:
         app()
     except AgentInfraError as exc:
-        err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+        message = " ".join(str(exc).split())  # always one line, never wrapped
+        err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -602,7 +602,7 @@ class _Grading:
         self.timing = {
             "baseline_ms": baseline * 1e3,
             "candidate_ms": candidate * 1e3,
-            "speedup": baseline / candidate,
+            "speedup": statistics.median(ratios),
             "speedup_ci": (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]),
         }
         floor = 0.0

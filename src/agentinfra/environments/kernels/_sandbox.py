@@ -272,10 +272,12 @@ class WorkerProcess:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        if self.uid is not None and self.mode == "namespaces+uid":
-            _kill_uid(self.uid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
+        if self.uid is not None and self.mode == "namespaces+uid":
+            deadline = time.monotonic() + 10
+            while _kill_uid(self.uid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         for fd in (self._to, self._reader.fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -299,12 +301,16 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _kill_uid(uid: int) -> None:
+def _kill_uid(uid: int) -> int:
+    """SIGKILLs every process of ``uid``; returns how many were still there (zombies included)."""
+    left = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 if os.stat(f"/proc/{entry}").st_uid == uid:
+                    left += 1
                     os.kill(int(entry), signal.SIGKILL)
+    return left
 
 
 def _affinity_preexec(cpus: tuple[int, ...]):  # type: ignore[no-untyped-def]

@@ -1,0 +1,163 @@
+"""End-to-end grading: honest work passes, every cheat is caught, bad input gets the right outcome.
+
+Each grading starts a reference worker and a sandboxed candidate worker (real
+processes, real namespaces where the machine allows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentinfra.environments.kernels import GradeOptions, Outcome, grade, probe_sandbox_mode
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEMS = ROOT / "examples" / "kernels" / "problems"
+SUBMISSIONS = ROOT / "examples" / "kernels" / "submissions"
+CHEATS = ROOT / "tests" / "fixtures" / "kernels" / "cheats"
+BAD = ROOT / "tests" / "fixtures" / "kernels" / "bad"
+QUICK = GradeOptions(timeout_s=60, timing_pairs=6)
+
+HONEST = {
+    "01_matmul_relu_addmm": "01_matmul_relu",
+    "02_softmax_manual": "02_softmax",
+    "03_layernorm_manual": "03_layernorm",
+    "05_conv2d_functional": "05_conv2d",
+    "06_attention_sdpa": "06_attention",
+    "10_fast_softmax": "10_slow_rowwise_softmax",
+    "11_fast_cumsum": "11_slow_cumsum",
+    "12_log_sum": "12_log_sum_positive",
+}
+
+
+def sandbox_uids() -> set[int]:
+    uids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = os.stat(f"/proc/{entry}").st_uid
+            except OSError:
+                continue
+            if 200_000 <= uid < 260_000:
+                uids.add(uid)
+    return uids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("submission", "problem"), sorted(HONEST.items()))
+def test_honest_submissions_pass(submission: str, problem: str) -> None:
+    verdict = grade(PROBLEMS / f"{problem}.py", SUBMISSIONS / f"{submission}.py", QUICK)
+    assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+    assert verdict.correct
+    assert verdict.speedup is not None
+    assert verdict.speedup_ci is not None
+    assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]
+    assert verdict.baseline_ms and verdict.candidate_ms
+    if problem.startswith(("10_", "11_")):
+        assert verdict.speedup >= 5, (
+            f"genuine speedup on an inefficient reference: {verdict.speedup:.2f}"
+        )
+    else:
+        assert verdict.speedup < 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cheat", sorted(CHEATS.glob("*.py")), ids=lambda p: p.stem)
+def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
+    problem = re.search(r"# problem: (\S+)", cheat.read_text())
+    assert problem is not None
+    verdict = grade(PROBLEMS / f"{problem.group(1)}.py", cheat, QUICK)
+    if verdict.outcome is Outcome.PASSED:
+        # Only a hack that is harmless under fresh inputs may pass, and then without inflation.
+        assert verdict.speedup_ci is not None
+        assert verdict.speedup_ci[1] < 1.5, verdict.model_dump_json(indent=1)
+    assert verdict.outcome is not Outcome.GRADER_ERROR, verdict.error
+    assert sandbox_uids() == set(), "a candidate process outlived its grading"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("missing_modelnew", Outcome.INVALID),
+        ("syntax_error", Outcome.INVALID),
+        ("import_error", Outcome.INVALID),
+        ("wrong_constructor", Outcome.INVALID),
+        ("infinite_loop", Outcome.TIMEOUT),
+        ("segfault", Outcome.CRASHED),
+        ("memory_bomb", Outcome.CRASHED),
+    ],
+)
+def test_bad_submissions(name: str, expected: Outcome) -> None:
+    options = GradeOptions(timeout_s=12, timing_pairs=6, memory_limit_bytes=3 << 30)
+    verdict = grade(PROBLEMS / "01_matmul_relu.py", BAD / f"{name}.py", options)
+    assert verdict.outcome is expected, verdict.model_dump_json(indent=1)
+    assert verdict.error
+    if expected is Outcome.INVALID:
+        assert len(verdict.error.splitlines()) <= 3
+
+
+@pytest.mark.slow
+def test_fork_bomb_is_contained() -> None:
+    options = GradeOptions(timeout_s=12, timing_pairs=6, max_processes=32)
+    verdict = grade(PROBLEMS / "01_matmul_relu.py", BAD / "fork_bomb.py", options)
+    assert verdict.outcome in (Outcome.TIMEOUT, Outcome.CRASHED)
+    assert sandbox_uids() == set()
+
+
+@pytest.mark.slow
+def test_candidate_cannot_see_the_problem_or_the_supervisor(tmp_path: Path) -> None:
+    if probe_sandbox_mode() == "rlimits-only":
+        pytest.skip("no namespaces on this machine")
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import glob, os, torch, torch.nn as nn\n"
+        "SEEN = glob.glob('/tmp/agentinfra-grade-*') + glob.glob('/tmp/**/problem.py', recursive=True)\n"
+        "PIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self, i, o):\n"
+        "        super().__init__()\n"
+        "        self.linear = nn.Linear(i, o)\n"
+        "    def forward(self, x):\n"
+        "        out = torch.relu(self.linear(x))\n"
+        "        # honest only if it could see nothing of the grader: a visible file or process fails it\n"
+        "        return out if not SEEN and len(PIDS) < 5 else out * 0\n"
+    )
+    verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+    assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+
+
+def test_cli_grade_json_contract(tmp_path: Path) -> None:
+    env = {**os.environ, "AGENTINFRA_GRADER_TIMEOUT_S": "60"}
+    out = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "grade", str(PROBLEMS / "11_slow_cumsum.py"), str(BAD / "syntax_error.py"), "--json"],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    verdict = json.loads(out.stdout)
+    assert verdict["schema_version"] == 1
+    assert verdict["outcome"] == "invalid"
+    missing = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "grade", str(tmp_path / "nope.py"), str(BAD / "syntax_error.py"), "--json"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert missing.stdout == ""
+    assert len(missing.stderr.strip().splitlines()) == 1
+    assert "nope.py" in missing.stderr
+
+
+@pytest.mark.gpu
+def test_gpu_grading_path() -> None:
+    options = GradeOptions(device="cuda", timeout_s=120)
+    verdict = grade(
+        PROBLEMS / "01_matmul_relu.py", SUBMISSIONS / "01_matmul_relu_addmm.py", options
+    )
+    assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+    assert verdict.provenance.device == "cuda"
