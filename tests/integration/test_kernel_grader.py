@@ -58,7 +58,8 @@ def test_honest_submissions_pass(submission: str, problem: str) -> None:
     assert verdict.speedup is not None
     assert verdict.speedup_ci is not None
     assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]
-    assert verdict.baseline_ms and verdict.candidate_ms
+    assert verdict.baseline_ms
+    assert verdict.candidate_ms
     if problem.startswith(("10_", "11_")):
         assert verdict.speedup >= 5, (
             f"genuine speedup on an inefficient reference: {verdict.speedup:.2f}"
