@@ -32,6 +32,10 @@ install-dev: $(VENV)/.installed-dev
 demo: $(VENV)/.installed
 	$(BIN)/agentinfra info
 	$(BIN)/agentinfra kv compare examples/traces/mooncake_synthetic_trace.jsonl
+	@echo "== grading an honest 20x speedup on an inefficient reference"
+	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
+	@echo "== grading a cheat that is honest only while it thinks it is being checked"
+	$(BIN)/agentinfra grade examples/kernels/problems/10_slow_rowwise_softmax.py tests/fixtures/kernels/cheats/call_counting.py
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

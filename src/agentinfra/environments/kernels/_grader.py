@@ -71,7 +71,7 @@ __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
 GRADER_VERSION = "1.0.0"
 _POOL_BYTES_LIMIT = 768 << 20
-_TARGET_BATCH_S = 0.03
+_TARGET_BATCH_S = 0.05
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
 
 
@@ -87,7 +87,7 @@ class GradeOptions:
     memory_limit_bytes: int = 4 << 30
     max_processes: int = 64
     correctness_seeds: int = 2
-    timing_pairs: int = 12
+    timing_pairs: int = 20
     audit_fraction: float = 0.3
     seed: int | None = None
     """Master secret seed; fresh from the OS when None. Fixed only for agent-visible checks."""
@@ -263,6 +263,10 @@ class _Grading:
             submission=self.private / "submission.py", uid=uid,
         )  # fmt: skip
         self.deadline = time.monotonic() + self.options.timeout_s
+        if self.candidate.mode == "rlimits-only" and any(
+            f.severity == "block" and f.check in ("signals", "early_exit") for f in self.findings
+        ):
+            raise _StopGradingError(Outcome.HACK_FLAGGED, "not run: it signals processes and this machine has no namespaces to contain it")
         if self.candidate.mode == "rlimits-only":
             shutil.copyfile(
                 self.private / "submission.py", self.private / "candidate" / "submission.py"
