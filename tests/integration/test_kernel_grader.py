@@ -6,16 +6,24 @@ processes, real namespaces where the machine allows).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from agentinfra.environments.kernels import GradeOptions, Outcome, grade, probe_sandbox_mode
+from agentinfra.environments.kernels import (
+    GradeOptions,
+    Outcome,
+    grade,
+    grade_async,
+    probe_sandbox_mode,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "kernels" / "problems"
@@ -113,14 +121,21 @@ def test_fork_bomb_is_contained() -> None:
 
 
 @pytest.mark.slow
-def test_candidate_cannot_see_the_problem_or_the_supervisor(tmp_path: Path) -> None:
+def test_candidate_cannot_see_the_problem_the_supervisor_or_the_network(tmp_path: Path) -> None:
     if probe_sandbox_mode() == "rlimits-only":
         pytest.skip("no namespaces on this machine")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "import glob, os, torch, torch.nn as nn\n"
+        "import glob, os, socket, torch, torch.nn as nn\n"
         "SEEN = glob.glob('/tmp/agentinfra-grade-*') + glob.glob('/tmp/**/problem.py', recursive=True)\n"
         "PIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+        "    SEEN.append('network')\n"
+        "except OSError:\n"
+        "    pass\n"
         "class ModelNew(nn.Module):\n"
         "    def __init__(self, i, o):\n"
         "        super().__init__()\n"
@@ -130,8 +145,19 @@ def test_candidate_cannot_see_the_problem_or_the_supervisor(tmp_path: Path) -> N
         "        # honest only if it could see nothing of the grader: a visible file or process fails it\n"
         "        return out if not SEEN and len(PIDS) < 5 else out * 0\n"
     )
-    verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+    try:
+        verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+    finally:
+        server.close()
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+
+
+def test_grade_async_returns_a_verdict() -> None:
+    verdict = asyncio.run(
+        grade_async(PROBLEMS / "01_matmul_relu.py", BAD / "syntax_error.py", QUICK)
+    )
+    assert verdict.outcome is Outcome.INVALID
+    assert verdict.provenance.submission_sha256
 
 
 def test_cli_grade_json_contract(tmp_path: Path) -> None:
