@@ -33,7 +33,13 @@ PAIRS = [
 
 def revision() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -45,13 +51,22 @@ def main() -> None:
     args = parser.parse_args()
     pairs = PAIRS[-1:] if args.smoke else PAIRS
     repeats = 2 if args.smoke else args.repeats
-    env = {"git": revision(), "python": platform.python_version(), "machine": platform.machine(), "sandbox": probe_sandbox_mode()}
+    env = {
+        "git": revision(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "sandbox": probe_sandbox_mode(),
+    }
     for problem, submission in pairs:
         walls: list[float] = []
         speedups: list[float] = []
         for _ in range(repeats):
             start = time.perf_counter()
-            verdict = grade(ROOT / "examples/kernels/problems" / f"{problem}.py", ROOT / "examples/kernels/submissions" / f"{submission}.py", GradeOptions())
+            verdict = grade(
+                ROOT / "examples/kernels/problems" / f"{problem}.py",
+                ROOT / "examples/kernels/submissions" / f"{submission}.py",
+                GradeOptions(),
+            )
             walls.append(time.perf_counter() - start)
             if verdict.speedup is None:
                 raise SystemExit(f"{submission}: {verdict.outcome.value}: {verdict.error}")

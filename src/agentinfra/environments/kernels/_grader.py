@@ -266,7 +266,10 @@ class _Grading:
         if self.candidate.mode == "rlimits-only" and any(
             f.severity == "block" and f.check in ("signals", "early_exit") for f in self.findings
         ):
-            raise _StopGradingError(Outcome.HACK_FLAGGED, "not run: it signals processes and this machine has no namespaces to contain it")
+            raise _StopGradingError(
+                Outcome.HACK_FLAGGED,
+                "not run: it signals processes and this machine has no namespaces to contain it",
+            )
         if self.candidate.mode == "rlimits-only":
             shutil.copyfile(
                 self.private / "submission.py", self.private / "candidate" / "submission.py"
