@@ -22,6 +22,7 @@ import agentinfra
 from agentinfra._settings import load_settings
 from agentinfra.cli._grade import grade_command
 from agentinfra.cli._kv import kv_app
+from agentinfra.cli._runs import register as register_runs
 from agentinfra.errors import AgentInfraError
 
 __all__ = ["app", "main"]
@@ -113,6 +114,7 @@ def info(
 
 app.add_typer(kv_app, name="kv")
 app.command("grade")(grade_command)
+register_runs(app)
 
 
 def main() -> None:

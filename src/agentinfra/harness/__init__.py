@@ -1,6 +1,52 @@
-"""Long-horizon runs: journal, submissions, grading queue, metrics and reports.
+"""Long-horizon runs: journal, submissions, grading queue, metrics, regrade and reports.
 
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
-__all__: list[str] = []
+from agentinfra.harness._environment import Environment, KernelEnvironment, make_environment
+from agentinfra.harness._harness import FINISH_MARKER, Receipt, RunHarness, RunState, inbox_name
+from agentinfra.harness._journal import JOURNAL_SCHEMA_VERSION, Event, Journal
+from agentinfra.harness._metrics import SubmissionRecord, anomalies, best_so_far, compute_metrics
+from agentinfra.harness._recording import load_recording, replay_recording
+from agentinfra.harness._regrade import Change, regrade, remeasure_best
+from agentinfra.harness._report import (
+    REPORT_SCHEMA_VERSION,
+    build_report,
+    load_records,
+    write_report,
+)
+from agentinfra.harness._rundir import RunDirectory, StoredSubmission
+from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
+
+__all__ = [
+    "Budget",
+    "Change",
+    "Environment",
+    "Event",
+    "FINISH_MARKER",
+    "GraderSettings",
+    "JOURNAL_SCHEMA_VERSION",
+    "Journal",
+    "KernelEnvironment",
+    "REPORT_SCHEMA_VERSION",
+    "Receipt",
+    "RunDirectory",
+    "RunHarness",
+    "RunInfo",
+    "RunSpec",
+    "RunState",
+    "StoredSubmission",
+    "SubmissionRecord",
+    "anomalies",
+    "best_so_far",
+    "build_report",
+    "compute_metrics",
+    "inbox_name",
+    "load_recording",
+    "load_records",
+    "make_environment",
+    "regrade",
+    "remeasure_best",
+    "replay_recording",
+    "write_report",
+]

@@ -1,0 +1,246 @@
+"""Run commands: start, submit, finish, resume, regrade, report, replay-run.
+
+A live run (``start`` or ``resume``) holds the run directory's lock and grades
+whatever arrives in ``RUN/inbox`` (where ``submit`` drops files atomically) or a
+``--watch`` directory, with a live progress display, until its budget ends or
+``finish`` is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agentinfra._settings import load_settings
+from agentinfra.errors import ConfigError
+from agentinfra.harness import (
+    FINISH_MARKER,
+    Budget,
+    GraderSettings,
+    RunDirectory,
+    RunHarness,
+    RunSpec,
+    inbox_name,
+    make_environment,
+    regrade,
+    remeasure_best,
+    replay_recording,
+    write_report,
+)
+
+__all__ = ["register"]
+
+err = Console(stderr=True)
+
+
+def _status(harness: RunHarness) -> Table:
+    graded = harness.state.graded
+    speedups = [
+        d["speedup"] for d in graded.values() if d.get("speedup") and d.get("outcome") == "passed"
+    ]
+    flags = sum(1 for d in graded.values() if d.get("outcome") == "hack_flagged")
+    table = Table(title=f"run {harness.run.spec.run_id}", show_header=False)
+    table.add_row("elapsed", f"{harness.run_time_s() / 3600:.2f} h")
+    table.add_row("budget left", f"{max(0.0, harness.budget_left_s()) / 3600:.2f} h")
+    table.add_row(
+        "graded / queued / grading",
+        f"{len(graded)} / {harness.queue.qsize()} / {len(harness.in_flight)}",
+    )
+    table.add_row("best so far (passed)", f"{max(speedups):.2f}x" if speedups else "-")
+    table.add_row("hack flags", str(flags))
+    return table
+
+
+def _serve(run: RunDirectory, eval_workers: int, watch: Path | None) -> None:
+    harness = RunHarness(run, make_environment(run.spec), eval_workers=eval_workers)
+    requeued = harness.recover()
+    if requeued:
+        err.print(f"resuming: {len(requeued)} submission(s) re-queued for grading")
+    with Live(_status(harness), console=err, refresh_per_second=2, transient=False) as live:
+        asyncio.run(harness.serve(watch=watch, tick=lambda: live.update(_status(harness))))
+    err.print(
+        f"run finished: {len(harness.state.graded)} graded; `agentinfra report {run.path}` writes the report"
+    )
+
+
+def start(
+    run_dir: Annotated[Path, typer.Argument(help="New run directory.")],
+    task: Annotated[Path, typer.Option("--task", help="Problem file of the task.")],
+    env: Annotated[str, typer.Option("--env", help="Environment.")] = "kernels",
+    hours: Annotated[float, typer.Option("--hours", help="Wall-clock budget.")] = 12.0,
+    eval_workers: Annotated[
+        int | None, typer.Option("--eval-workers", help="Submissions graded at once.")
+    ] = None,
+    watch: Annotated[
+        Path | None, typer.Option("--watch", help="Also grade files that appear here.")
+    ] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+) -> None:
+    """Create a run and grade its submissions as they arrive."""
+    if env != "kernels":
+        raise ConfigError(f"unknown environment {env!r}; available: kernels (--env)")
+    if not task.is_file():
+        raise ConfigError(f"task {task} does not exist or is not a file (--task)")
+    settings = load_settings()
+    spec = RunSpec(run_id=run_id or run_dir.name, environment="kernels", task=str(task.resolve()), budget=Budget(wall_hours=hours),
+                   grader=GraderSettings(threads=settings.grader.threads, timeout_s=settings.grader.timeout_s))  # fmt: skip
+    run = RunDirectory.create(run_dir, spec)
+    try:
+        _serve(run, eval_workers or settings.harness.eval_workers, watch)
+    finally:
+        run.close()
+
+
+def resume(
+    run_dir: Annotated[Path, typer.Argument(help="Existing run directory.")],
+    eval_workers: Annotated[int | None, typer.Option("--eval-workers")] = None,
+    watch: Annotated[Path | None, typer.Option("--watch")] = None,
+) -> None:
+    """Continue a run after a crash: replay the journal, grade what was not graded, keep serving."""
+    run = RunDirectory.open(run_dir)
+    try:
+        _serve(run, eval_workers or load_settings().harness.eval_workers, watch)
+    finally:
+        run.close()
+
+
+def submit(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    file: Annotated[Path, typer.Argument(help="Submission file.")],
+    turn: Annotated[int | None, typer.Option("--turn", help="Agent turn that produced it.")] = None,
+) -> None:
+    """Hand a submission to a run (graded now if the run is live, else on resume)."""
+    RunDirectory.read_info(run_dir)
+    if not file.is_file():
+        raise ConfigError(f"submission {file} does not exist or is not a regular file")
+    inbox = run_dir / "inbox"
+    name = inbox_name(file.name, turn)
+    tmp = inbox / f".{name}.tmp"
+    tmp.write_bytes(file.read_bytes())
+    os.replace(tmp, inbox / name)
+    typer.echo(f"queued {file.name} for run {run_dir}")
+
+
+def finish(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
+    """Ask the live run to grade what it has and stop."""
+    RunDirectory.read_info(run_dir)
+    (run_dir / "inbox" / FINISH_MARKER).write_text(str(time.time()))
+    typer.echo(f"asked run {run_dir} to finish")
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def regrade_command(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    strict: Annotated[
+        bool, typer.Option("--strict", help="More seeds and timing pairs than the run used.")
+    ] = False,
+    eval_workers: Annotated[int, typer.Option("--eval-workers")] = 2,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Grade every submission again under the current (or a stricter) grader; report what changed."""
+    run = RunDirectory.open(run_dir)
+    try:
+        spec = run.spec
+        if strict:
+            grader = spec.grader.model_copy(
+                update={
+                    "correctness_seeds": spec.grader.correctness_seeds * 2,
+                    "timing_pairs": spec.grader.timing_pairs * 2,
+                }
+            )
+            spec = spec.model_copy(update={"grader": grader})
+        changes = asyncio.run(regrade(run, make_environment(spec), workers=eval_workers))
+    finally:
+        run.close()
+    if as_json:
+        typer.echo(json.dumps([{"seq": c.seq, "sha256": c.sha256, "old_outcome": c.old_outcome, "new_outcome": c.new_outcome,
+                                "old_speedup": c.old_speedup, "new_speedup": c.new_speedup, "changed": c.is_changed} for c in changes]))  # fmt: skip
+        return
+    table = Table("#", "sha", "old", "new", "old speedup", "new speedup")
+    for change in changes:
+        style = "bold red" if change.is_changed else ""
+        table.add_row(
+            str(change.seq),
+            change.sha256[:12],
+            str(change.old_outcome),
+            change.new_outcome,
+            fmt(change.old_speedup),
+            fmt(change.new_speedup),
+            style=style,
+        )
+    Console().print(table)
+    Console().print(f"{sum(c.is_changed for c in changes)} of {len(changes)} outcomes changed")
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
+    remeasure: Annotated[
+        bool,
+        typer.Option(
+            "--remeasure/--no-remeasure", help="Grade the best-so-far submissions again first."
+        ),
+    ] = True,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Directory for report.html and report.json.")
+    ] = None,
+) -> None:
+    """Write report.html (self-contained) and report.json for a run."""
+    run = RunDirectory.open(run_dir)
+    try:
+        environment = make_environment(run.spec)
+        if remeasure:
+            with err.status("re-measuring the best-so-far submissions"):
+                asyncio.run(remeasure_best(run, environment))
+        json_path, html_path = write_report(run, environment.grader_version, out)
+    finally:
+        run.close()
+    typer.echo(f"wrote {html_path} and {json_path}")
+
+
+def replay_run(
+    recording: Annotated[
+        Path, typer.Argument(help="A recorded run (directory with recording.json).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="New run directory.")],
+    eval_workers: Annotated[int, typer.Option("--eval-workers")] = 2,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Fewer timing pairs (faster, noisier).")
+    ] = False,
+) -> None:
+    """Replay a recorded long-horizon run through the real harness and grader, then report."""
+    grader = GraderSettings(timing_pairs=8) if quick else GraderSettings()
+    with err.status(f"grading the recorded submissions of {recording}"):
+        run = asyncio.run(
+            replay_recording(recording, out, eval_workers=eval_workers, grader=grader)
+        )
+    try:
+        environment = make_environment(run.spec)
+        with err.status("re-measuring the best-so-far submissions"):
+            asyncio.run(remeasure_best(run, environment, workers=eval_workers))
+        json_path, html_path = write_report(run, environment.grader_version)
+    finally:
+        run.close()
+    typer.echo(f"wrote {html_path} and {json_path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Adds the run commands to the root app."""
+    app.command("start")(start)
+    app.command("resume")(resume)
+    app.command("submit")(submit)
+    app.command("finish")(finish)
+    app.command("regrade")(regrade_command)
+    app.command("report")(report)
+    app.command("replay-run")(replay_run)

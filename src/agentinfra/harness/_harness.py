@@ -1,0 +1,279 @@
+"""`RunHarness`: submissions arrive, are journalled, queued and graded while the agent works.
+
+Steps: `recover` (replay the journal: re-enqueue what was received but not graded,
+adopt verdicts written just before a crash), `submit` (store content-addressed,
+journal, enqueue), the grading workers (a bounded pool), `ingest_inbox` (files
+dropped by ``agentinfra submit`` or a watched directory), `serve` (all of it until
+the budget ends or a finish marker arrives, then drain).
+
+Idempotent by content hash and grader version: a submission is graded at most
+once per grader version; one killed mid-grading is graded again on resume (its
+first grading never produced a verdict), so each ends with exactly one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentinfra.errors import HarnessError
+from agentinfra.harness._environment import Environment
+from agentinfra.harness._rundir import RunDirectory
+
+__all__ = ["FINISH_MARKER", "Receipt", "RunHarness", "RunState", "inbox_name"]
+
+logger = logging.getLogger(__name__)
+
+FINISH_MARKER = "FINISH"
+
+
+def inbox_name(original: str, turn: int | None) -> str:
+    """The inbox file name for a dropped submission: arrival order, turn, original name."""
+    return f"{time.time_ns():020d}__{'' if turn is None else turn}__{Path(original).name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """What `RunHarness.submit` did with a submission."""
+
+    sha256: str
+    is_new: bool
+    seq: int
+
+
+@dataclass
+class RunState:
+    """State rebuilt from the journal."""
+
+    received: dict[str, dict[str, Any]] = field(default_factory=dict)
+    graded: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: set[str] = field(default_factory=set)
+    created_wall_s: float = 0.0
+    finished: bool = False
+
+    @classmethod
+    def from_run(cls, run: RunDirectory, grader_version: str) -> RunState:
+        state = cls(created_wall_s=run.info.created_at)
+        for event in run.journal.events:
+            sha = event.data.get("sha256")
+            if event.type == "submission_received" and isinstance(sha, str):
+                state.received.setdefault(sha, dict(event.data))
+            elif (
+                event.type == "grading_started"
+                and event.data.get("grader_version") == grader_version
+            ):
+                state.started.add(str(sha))
+            elif event.type == "graded" and event.data.get("grader_version") == grader_version:
+                state.graded[str(sha)] = dict(event.data)
+            elif event.type == "run_finished":
+                state.finished = True
+        return state
+
+
+class RunHarness:
+    """Grades a run's submissions as they arrive, in a bounded pool."""
+
+    def __init__(self, run: RunDirectory, environment: Environment, *, eval_workers: int = 2,
+                 on_graded: Callable[[str, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+        if eval_workers < 1:
+            raise HarnessError(f"eval_workers={eval_workers} must be >= 1 (--eval-workers)")
+        self.run = run
+        self.environment = environment
+        self.eval_workers = eval_workers
+        self.state = RunState.from_run(run, environment.grader_version)
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.in_flight: set[str] = set()
+        self.on_graded = on_graded
+        self._queued: set[str] = set()
+
+    # -- time ----------------------------------------------------------------------
+
+    def run_time_s(self) -> float:
+        """Seconds since the run was created (wall clock)."""
+        return time.time() - self.state.created_wall_s
+
+    def budget_left_s(self) -> float:
+        return self.run.spec.budget.wall_hours * 3600 - self.run_time_s()
+
+    # -- steps -----------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """Re-enqueues submissions without a verdict; returns their hashes in arrival order."""
+        pending: list[str] = []
+        version = self.environment.grader_version
+        for sha, _ in sorted(self.state.received.items(), key=lambda item: item[1].get("seq", 0)):
+            if sha in self.state.graded:
+                continue
+            verdict = self.run.read_evaluation(sha, version)
+            if verdict is not None:
+                self._journal_graded(sha, verdict)
+                continue
+            pending.append(sha)
+            self._enqueue(sha)
+        if pending:
+            self.run.journal.append("run_resumed", {"requeued": pending})
+        return pending
+
+    def _enqueue(self, sha: str) -> None:
+        if sha not in self._queued:
+            self._queued.add(sha)
+            self.queue.put_nowait(sha)
+
+    def submit(self, data: bytes, *, source: str, turn: int | None = None, submitted_at_s: float | None = None,
+               note: str = "") -> Receipt:  # fmt: skip
+        """Stores, journals (durably) and enqueues one submission."""
+        at = self.run_time_s() if submitted_at_s is None else submitted_at_s
+        stored = self.run.store_submission(
+            data, {"turn": turn, "source": source, "submitted_at_s": at}
+        )
+        if stored.sha256 in self.state.received:
+            event = self.run.journal.append(
+                "duplicate_submission",
+                {"sha256": stored.sha256, "source": source, "turn": turn, "submitted_at_s": at},
+            )
+            return Receipt(stored.sha256, False, event.seq)
+        payload = {
+            "sha256": stored.sha256,
+            "source": source,
+            "turn": turn,
+            "submitted_at_s": at,
+            "bytes": len(data),
+            "note": note,
+        }
+        event = self.run.journal.append("submission_received", payload)
+        self.state.received[stored.sha256] = {**payload, "seq": event.seq}
+        self._enqueue(stored.sha256)
+        return Receipt(stored.sha256, True, event.seq)
+
+    async def _grade_one(self, sha: str) -> None:
+        version = self.environment.grader_version
+        if sha in self.state.graded:
+            return
+        self.in_flight.add(sha)
+        try:
+            self.run.journal.append("grading_started", {"sha256": sha, "grader_version": version})
+            # Hidden seeds: fresh from the OS for every grading, never derived from the run's seed.
+            verdict = await self.environment.evaluate(self.run.submission_path(sha), seed=None)
+            self.run.write_evaluation(sha, version, verdict)
+            self._journal_graded(sha, verdict)
+        finally:
+            self.in_flight.discard(sha)
+
+    def _journal_graded(self, sha: str, verdict: dict[str, Any]) -> None:
+        data = {
+            "sha256": sha,
+            "grader_version": self.environment.grader_version,
+            "outcome": verdict.get("outcome"),
+            "correct": verdict.get("correct"),
+            "speedup": verdict.get("speedup"),
+        }
+        self.run.journal.append("graded", data)
+        self.state.graded[sha] = data
+        if self.on_graded is not None:
+            self.on_graded(sha, self.environment.agent_view(verdict))
+
+    async def _worker(self) -> None:
+        while True:
+            sha = await self.queue.get()
+            try:
+                await self._grade_one(sha)
+            except HarnessError:
+                raise
+            except (
+                Exception
+            ) as exc:  # a grader failure must not stop the run: record it as a verdict
+                logger.exception("grading %s failed", sha[:12])
+                self.run.write_evaluation(
+                    sha,
+                    self.environment.grader_version,
+                    {
+                        "outcome": "grader_error",
+                        "correct": False,
+                        "speedup": None,
+                        "findings": [],
+                        "error": str(exc),
+                    },
+                )
+                self._journal_graded(
+                    sha, {"outcome": "grader_error", "correct": False, "speedup": None}
+                )
+            finally:
+                self.queue.task_done()
+
+    def ingest_inbox(self, inbox: Path | None = None) -> bool:
+        """Submits every file in the inbox (oldest name first); True when a finish marker is there."""
+        folder = inbox or self.run.path / "inbox"
+        finish = False
+        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if path.name == FINISH_MARKER:
+                finish = True
+                continue
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            parts = path.name.split("__", 2)
+            turn: int | None = None
+            with contextlib.suppress(ValueError, IndexError):
+                turn = int(parts[1])
+            self.submit(path.read_bytes(), source=f"inbox:{parts[-1]}", turn=turn)
+            if inbox is None:
+                path.unlink()
+        return finish
+
+    async def serve(self, *, watch: Path | None = None, poll_s: float = 0.2, stop: asyncio.Event | None = None,
+                    tick: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """Grades until the budget ends, a finish marker arrives or ``stop`` is set; then drains."""
+        seen_in_watch: set[str] = set()
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.eval_workers)]
+        try:
+            while True:
+                finish = self.ingest_inbox()
+                if watch is not None and watch.is_dir():
+                    for path in sorted(watch.iterdir()):
+                        if (
+                            path.is_file()
+                            and path.name not in seen_in_watch
+                            and not path.name.startswith(".")
+                        ):
+                            seen_in_watch.add(path.name)
+                            self.submit(path.read_bytes(), source=f"watch:{path.name}")
+                if tick is not None:
+                    tick()
+                if finish or (stop is not None and stop.is_set()) or self.budget_left_s() <= 0:
+                    break
+                for task in workers:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                await asyncio.sleep(poll_s)
+            await self.queue.join()
+            reason = (
+                "finish_marker"
+                if finish
+                else "stopped"
+                if stop is not None and stop.is_set()
+                else "budget"
+            )
+            self.run.journal.append(
+                "run_finished", {"reason": reason, "graded": len(self.state.graded)}
+            )
+            with contextlib.suppress(FileNotFoundError):
+                (self.run.path / "inbox" / FINISH_MARKER).unlink()
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def drain(self) -> None:
+        """Grades everything queued with the worker pool, then returns."""
+        workers = [asyncio.create_task(self._worker()) for _ in range(self.eval_workers)]
+        try:
+            await self.queue.join()
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)

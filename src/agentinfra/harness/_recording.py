@@ -1,0 +1,70 @@
+"""Recorded long-horizon runs: replay a recording through the real harness and grader.
+
+A recording is ``recording.json`` beside its submission files::
+
+    {"schema_version": 1, "run_id": "...", "task": "<problem path, relative to the recording>",
+     "hours": 12, "submissions": [{"t_hours": 0.4, "turn": 3, "file": "submissions/01.py", "note": "..."}]}
+
+Replay is time-compressed (submissions carry their recorded run time) and the
+grading is real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentinfra.errors import HarnessError
+from agentinfra.harness._environment import make_environment
+from agentinfra.harness._harness import RunHarness
+from agentinfra.harness._rundir import RunDirectory
+from agentinfra.harness._spec import Budget, GraderSettings, RunSpec
+
+__all__ = ["load_recording", "replay_recording"]
+
+
+def load_recording(path: Path) -> dict[str, Any]:
+    """Reads and checks a recording.
+
+    Raises:
+        HarnessError: unreadable, another schema version, or a listed file is missing.
+    """
+    file = path / "recording.json" if path.is_dir() else path
+    try:
+        data: dict[str, Any] = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"cannot read recording {file}: {exc}") from None
+    if data.get("schema_version") != 1:
+        raise HarnessError(
+            f"recording {file} has schema version {data.get('schema_version')!r}; this agentinfra reads 1"
+        )
+    for item in data.get("submissions", []):
+        if not (file.parent / item["file"]).is_file():
+            raise HarnessError(f"recording {file} lists {item['file']}, which does not exist")
+    data["_base"] = str(file.parent)
+    return data
+
+
+async def replay_recording(
+    recording: Path, out: Path, *, eval_workers: int = 2, grader: GraderSettings | None = None
+) -> RunDirectory:
+    """Creates a run at ``out`` and feeds it the recorded submissions; returns the open run."""
+    data = load_recording(recording)
+    base = Path(data["_base"])
+    task = (base / data["task"]).resolve()
+    spec = RunSpec(
+        run_id=str(data.get("run_id", out.name)), environment="kernels", task=str(task),
+        agent={"recorded": True, "model": data.get("model", "recorded")},
+        budget=Budget(wall_hours=float(data.get("hours", 12))), grader=grader or GraderSettings(),
+    )  # fmt: skip
+    run = RunDirectory.create(out, spec)
+    harness = RunHarness(run, make_environment(spec), eval_workers=eval_workers)
+    for item in data["submissions"]:
+        harness.submit((base / item["file"]).read_bytes(), source=f"recording:{item['file']}", turn=item.get("turn"),
+                       submitted_at_s=float(item["t_hours"]) * 3600, note=str(item.get("note", "")))  # fmt: skip
+    await harness.drain()
+    run.journal.append(
+        "run_finished", {"reason": "recording_replayed", "graded": len(harness.state.graded)}
+    )
+    return run

@@ -1,0 +1,234 @@
+"""Reports: ``report.json`` (schema version 1) and a self-contained ``report.html``.
+
+The HTML needs no network: the chart is inline SVG drawn here, the styles are
+inline. It shows a timeline of every submission (speedup and outcome, hack flags
+marked), the best-so-far curves raw and filtered, a table of submissions with
+findings and evidence, the anomalies, and the diff between consecutive submissions.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from agentinfra.harness._metrics import SubmissionRecord, anomalies, compute_metrics, diff_text
+from agentinfra.harness._rundir import RunDirectory, atomic_write
+
+__all__ = ["REPORT_SCHEMA_VERSION", "build_report", "load_records", "render_html", "write_report"]
+
+REPORT_SCHEMA_VERSION = 1
+_COLOURS = {"passed": "#1a9641", "failed": "#f39c12", "hack_flagged": "#d7191c", "crashed": "#7f7f7f",
+            "timeout": "#5e3c99", "invalid": "#999999", "grader_error": "#000000"}  # fmt: skip
+
+
+def load_records(run: RunDirectory, grader_version: str) -> list[SubmissionRecord]:
+    """One record per received submission, in arrival order, with its verdict (if graded)."""
+    records: list[SubmissionRecord] = []
+    received = [e for e in run.journal.events if e.type == "submission_received"]
+    for number, event in enumerate(received, start=1):
+        sha = str(event.data["sha256"])
+        verdict = run.read_evaluation(sha, grader_version) or {
+            "outcome": "pending",
+            "correct": False,
+        }
+        again = run.read_evaluation(sha, grader_version, "remeasure")
+        ci = verdict.get("speedup_ci")
+        source_path = run.submission_path(sha)
+        records.append(
+            SubmissionRecord(
+                seq=number, sha256=sha, submitted_at_s=float(event.data.get("submitted_at_s", 0.0)),
+                turn=event.data.get("turn"), outcome=str(verdict.get("outcome")), correct=bool(verdict.get("correct")),
+                speedup=verdict.get("speedup"), findings=list(verdict.get("findings", [])),
+                source=source_path.read_text(errors="replace") if source_path.exists() else "",
+                remeasured_speedup=again.get("speedup") if again and again.get("correct") else None,
+                speedup_ci=tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None,
+            )
+        )  # fmt: skip
+    return records
+
+
+def _events_by_sha(run: RunDirectory) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for event in run.journal.events:
+        sha = event.data.get("sha256")
+        if isinstance(sha, str):
+            found.setdefault(sha, []).append(event.seq)
+    return found
+
+
+def build_report(run: RunDirectory, grader_version: str) -> dict[str, Any]:
+    records = load_records(run, grader_version)
+    metrics = compute_metrics(records)
+    flags = anomalies(records, _events_by_sha(run))
+    best = metrics["filtered"]["best"]
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "run_id": run.spec.run_id,
+        "task": run.spec.task,
+        "environment": run.spec.environment,
+        "grader_version": grader_version,
+        "submissions": [
+            {"seq": r.seq, "sha256": r.sha256, "submitted_at_s": r.submitted_at_s, "turn": r.turn, "outcome": r.outcome,
+             "correct": r.correct, "speedup": r.speedup, "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None,
+             "remeasured_speedup": r.remeasured_speedup, "is_hack": r.is_hack, "findings": r.findings}
+            for r in records
+        ],
+        "best": best,
+        "metrics": metrics,
+        "anomalies": flags,
+        "_records": records,
+    }  # fmt: skip
+
+
+def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
+    width, height, left, right, top, bottom = 960, 360, 60, 20, 20, 50
+    end_h = max([r.submitted_at_s for r in records] + [1.0]) / 3600 * 1.03
+    values = [v for r in records for v in (r.speedup, r.remeasured_speedup) if v]
+    high = max([*values, 2.0]) * 1.5
+    low = min([*values, 0.5]) / 1.5
+
+    def x(t_s: float) -> float:
+        return left + (t_s / 3600) / end_h * (width - left - right)
+
+    def y(value: float) -> float:
+        span = math.log(high) - math.log(low)
+        return top + (math.log(high) - math.log(max(value, low))) / span * (height - top - bottom)
+
+    parts = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+             f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="#fafafa" stroke="#ccc"/>']  # fmt: skip
+    tick = 0.25
+    while tick <= high:
+        if tick >= low:
+            parts.append(
+                f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e3e3e3"/><text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:g}x</text>'
+            )
+        tick *= 2
+    step = max(1, math.ceil(end_h / 8))
+    for hour in range(0, int(end_h) + 1, step):
+        parts.append(
+            f'<text x="{x(hour * 3600):.1f}" y="{height - bottom + 16}" text-anchor="middle">{hour}h</text>'
+        )
+    parts.append(
+        f'<text x="{(left + width) / 2}" y="{height - 8}" text-anchor="middle">run time (hours)</text>'
+    )
+    for key, colour, dash in (("raw", "#d7191c", "6,4"), ("filtered", "#1a9641", "")):
+        points = metrics[key]["best_so_far"]
+        if points:
+            path = [f"M{x(points[0]['t_s']):.1f},{y(points[0]['best']):.1f}"]
+            for point in points[1:]:
+                path.append(f"H{x(point['t_s']):.1f}V{y(point['best']):.1f}")
+            path.append(f"H{x(end_h * 3600):.1f}")
+            parts.append(
+                f'<path class="best-{key}" d="{"".join(path)}" fill="none" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>'
+            )
+    for record in records:
+        colour = _COLOURS.get(record.outcome, "#333")
+        cx = x(record.submitted_at_s)
+        cy = y(record.speedup) if record.speedup else height - bottom - 8
+        title = html.escape(
+            f"#{record.seq} {record.outcome} "
+            + (f"{record.speedup:.2f}x" if record.speedup else "")
+        )
+        if record.is_hack:
+            parts.append(
+                f'<g class="submission hack"><title>{title}</title><path d="M{cx - 6:.1f},{cy - 6:.1f}L{cx + 6:.1f},{cy + 6:.1f}M{cx - 6:.1f},{cy + 6:.1f}L{cx + 6:.1f},{cy - 6:.1f}" stroke="{colour}" stroke-width="3"/></g>'
+            )
+        else:
+            parts.append(
+                f'<circle class="submission" cx="{cx:.1f}" cy="{cy:.1f}" r="5" fill="{colour}"><title>{title}</title></circle>'
+            )
+    legend = [
+        ("passed", "passed"),
+        ("failed", "failed"),
+        ("hack_flagged", "hack flagged (x)"),
+        ("crashed", "crashed / invalid / timeout"),
+    ]
+    for index, (key, label) in enumerate(legend):
+        lx = left + 10 + index * 170
+        parts.append(
+            f'<circle cx="{lx}" cy="{top + 12}" r="5" fill="{_COLOURS[key]}"/><text x="{lx + 9}" y="{top + 16}">{label}</text>'
+        )
+    parts.append(
+        f'<line x1="{left + 690}" x2="{left + 720}" y1="{top + 12}" y2="{top + 12}" stroke="#1a9641" stroke-width="2"/><text x="{left + 724}" y="{top + 16}">best, filtered</text>'
+    )
+    parts.append(
+        f'<line x1="{left + 690}" x2="{left + 720}" y1="{top + 28}" y2="{top + 28}" stroke="#d7191c" stroke-width="2" stroke-dasharray="6,4"/><text x="{left + 724}" y="{top + 32}">best, raw</text>'
+    )
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    records: list[SubmissionRecord] = report["_records"]
+    metrics = report["metrics"]
+    esc = html.escape
+    rows = []
+    for index, record in enumerate(records):
+        findings = "<br>".join(
+            f"<b>{esc(str(f.get('check')))}</b> [{esc(str(f.get('severity')))}] {esc(str(f.get('message')))}<br><code>{esc(str(f.get('evidence', '')))}</code>"
+            for f in record.findings
+        )
+        speed = f"{record.speedup:.2f}x" if record.speedup else "-"
+        if record.speedup_ci:
+            speed += f" <small>[{record.speedup_ci[0]:.2f}, {record.speedup_ci[1]:.2f}]</small>"
+        if record.remeasured_speedup:
+            speed += f"<br><small>re-measured {record.remeasured_speedup:.2f}x</small>"
+        previous = records[index - 1].source if index else ""
+        diff = esc(diff_text(previous, record.source))
+        rows.append(
+            f'<tr class="{esc(record.outcome)}"><td>{record.seq}</td><td>{record.submitted_at_s / 3600:.2f}h</td>'
+            f'<td style="color:{_COLOURS.get(record.outcome, "#333")}"><b>{esc(record.outcome)}</b></td><td>{speed}</td>'
+            f"<td>{findings}</td><td><details><summary>diff</summary><pre>{diff}</pre></details><code>{record.sha256[:12]}</code></td></tr>"
+        )
+    flags = "".join(
+        f"<li><b>{esc(a['kind'])}</b> at #{a['seq']} ({a['submitted_at_s'] / 3600:.2f}h): {esc(a['message'])} "
+        f"<small>journal events {a['journal_events']}</small><details><summary>diff</summary><pre>{esc(a['diff'])}</pre></details></li>"
+        for a in report["anomalies"]
+    )
+
+    def figure(key: str) -> str:
+        best = metrics[key]["best"]
+        best_text = f"{best['counted']:.2f}x (#{best['seq']})" if best else "none"
+        return (f"<td>{best_text}</td><td>{metrics[key]['mean_best_so_far']:.2f}x</td>"
+                + "".join(f"<td>{'-' if v is None else f'{v / 3600:.2f}h'}</td>" for v in metrics[key]["time_to_threshold_s"].values()))  # fmt: skip
+
+    thresholds = "".join(f"<th>time to {t}x</th>" for t in metrics["raw"]["time_to_threshold_s"])
+    counts = ", ".join(f"{esc(k)}: {v}" for k, v in metrics["counts_by_outcome"].items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>agentinfra run {esc(report["run_id"])}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
+table {{ border-collapse: collapse; margin: 12px 0; }} td, th {{ border: 1px solid #ddd; padding: 4px 8px; vertical-align: top; font-size: 13px; }}
+th {{ background: #f3f3f3; }} pre {{ font-size: 11px; max-width: 720px; overflow: auto; }} code {{ font-size: 11px; }}
+tr.hack_flagged {{ background: #fdecea; }}
+</style></head><body>
+<h1>Run {esc(report["run_id"])}</h1>
+<p>Task <code>{esc(report["task"])}</code> ({esc(report["environment"])}), grader {esc(report["grader_version"])}.
+{metrics["submissions"]} submissions over {metrics["duration_s"] / 3600:.2f} hours; {counts}; {metrics["hack_flagged"]} hack-flagged.</p>
+{_chart(records, metrics)}
+<h2>Summary</h2>
+<table><tr><th></th><th>best (counted)</th><th>mean best-so-far</th>{thresholds}</tr>
+<tr><th>raw (hacks included)</th>{figure("raw")}</tr><tr><th>filtered (hacks removed)</th>{figure("filtered")}</tr></table>
+<h2>Anomalies</h2><ul>{flags or "<li>none</li>"}</ul>
+<h2>Submissions</h2>
+<table><tr><th>#</th><th>time</th><th>outcome</th><th>speedup [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
+{"".join(rows)}</table>
+</body></html>
+"""
+
+
+def write_report(
+    run: RunDirectory, grader_version: str, out_dir: Path | None = None
+) -> tuple[Path, Path]:
+    """Writes ``report.json`` and ``report.html`` into the run directory (or ``out_dir``)."""
+    report = build_report(run, grader_version)
+    target = out_dir or run.path
+    target.mkdir(parents=True, exist_ok=True)
+    body = {k: v for k, v in report.items() if not k.startswith("_")}
+    json_path, html_path = target / "report.json", target / "report.html"
+    atomic_write(json_path, json.dumps(body, indent=1).encode())
+    atomic_write(html_path, render_html(report).encode())
+    return json_path, html_path
