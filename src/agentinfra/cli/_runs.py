@@ -176,8 +176,8 @@ def regrade_command(
             change.sha256[:12],
             str(change.old_outcome),
             change.new_outcome,
-            fmt(change.old_speedup),
-            fmt(change.new_speedup),
+            _fmt(change.old_speedup),
+            _fmt(change.new_speedup),
             style=style,
         )
     Console().print(table)
