@@ -26,6 +26,8 @@ __all__ = [
 THRESHOLDS = (1.0, 2.0, 5.0, 10.0)
 _JUMP_RATIO = 3.0
 _JUMP_MAX_CHANGED_LINES = 12
+_FLIP_WINDOW = 6
+_FLIP_MIN = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +155,7 @@ def anomalies(
     flags: list[dict[str, Any]] = []
     seen_checks: set[str] = set()
     best_raw = 0.0
+    last_flip_flag = -_FLIP_WINDOW
     events_by_sha = events_by_sha or {}
 
     def flag(kind: str, index: int, message: str) -> None:

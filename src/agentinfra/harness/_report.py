@@ -84,7 +84,7 @@ def build_report(run: RunDirectory, grader_version: str) -> dict[str, Any]:
 
 
 def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
-    width, height, left, right, top, bottom = 960, 360, 60, 20, 20, 50
+    width, height, left, right, top, bottom = 960, 380, 60, 20, 44, 50
     end_h = max([r.submitted_at_s for r in records] + [1.0]) / 3600 * 1.03
     values = [v for r in records for v in (r.speedup, r.remeasured_speedup) if v]
     high = max([*values, 2.0]) * 1.5
