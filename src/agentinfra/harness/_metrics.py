@@ -10,6 +10,7 @@ biased upward).
 from __future__ import annotations
 
 import difflib
+import itertools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,13 +195,13 @@ def anomalies(
                         f"speedup {value:.2f}x is {value / best_raw:.1f}x the previous best from a {changed}-line change",
                     )
             best_raw = max(best_raw, value)
-        if (
-            index >= 2
-            and ordered[index - 2].correct == record.correct != ordered[index - 1].correct
-        ):
+        window = ordered[max(0, index - _FLIP_WINDOW + 1) : index + 1]
+        flips = sum(1 for a, b in itertools.pairwise(window) if a.correct != b.correct)
+        if flips >= _FLIP_MIN and index - last_flip_flag >= _FLIP_WINDOW:
+            last_flip_flag = index
             flag(
                 "correctness_flip_flop",
                 index,
-                "correctness flipped back and forth across the last three submissions",
+                f"correctness flipped {flips} times across the last {len(window)} submissions",
             )
     return flags
