@@ -31,11 +31,16 @@ install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed
 	$(BIN)/agentinfra info
-	$(BIN)/agentinfra kv compare examples/traces/mooncake_synthetic_trace.jsonl
 	@echo "== grading an honest 20x speedup on an inefficient reference"
 	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
 	@echo "== grading a cheat that is honest only while it thinks it is being checked"
 	$(BIN)/agentinfra grade examples/kernels/problems/10_slow_rowwise_softmax.py tests/fixtures/kernels/cheats/call_counting.py
+	@echo "== replaying a recorded 12-hour agent run (22 submissions) through the real harness and grader"
+	rm -rf runs/demo-softmax-12h
+	$(BIN)/agentinfra replay-run examples/runs/softmax_12h --out runs/demo-softmax-12h --quick --eval-workers 1
+	@echo "== report: runs/demo-softmax-12h/report.html (self-contained; open it in a browser)"
+	@echo "== KV-cache eviction policies against Belady's optimum on a real trace"
+	$(BIN)/agentinfra kv compare examples/traces/mooncake_synthetic_trace.jsonl
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

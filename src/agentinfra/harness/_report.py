@@ -147,15 +147,15 @@ def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
         ("crashed", "crashed / invalid / timeout"),
     ]
     for index, (key, label) in enumerate(legend):
-        lx = left + 10 + index * 170
+        lx = left + 10 + index * 150
         parts.append(
-            f'<circle cx="{lx}" cy="{top + 12}" r="5" fill="{_COLOURS[key]}"/><text x="{lx + 9}" y="{top + 16}">{label}</text>'
+            f'<circle cx="{lx}" cy="12" r="5" fill="{_COLOURS[key]}"/><text x="{lx + 9}" y="16">{label}</text>'
         )
     parts.append(
-        f'<line x1="{left + 690}" x2="{left + 720}" y1="{top + 12}" y2="{top + 12}" stroke="#1a9641" stroke-width="2"/><text x="{left + 724}" y="{top + 16}">best, filtered</text>'
+        f'<line x1="{left + 640}" x2="{left + 670}" y1="12" y2="12" stroke="#1a9641" stroke-width="2"/><text x="{left + 674}" y="16">best, hacks removed</text>'
     )
     parts.append(
-        f'<line x1="{left + 690}" x2="{left + 720}" y1="{top + 28}" y2="{top + 28}" stroke="#d7191c" stroke-width="2" stroke-dasharray="6,4"/><text x="{left + 724}" y="{top + 32}">best, raw</text>'
+        f'<line x1="{left + 640}" x2="{left + 670}" y1="30" y2="30" stroke="#d7191c" stroke-width="2" stroke-dasharray="6,4"/><text x="{left + 674}" y="34">best, hacks included</text>'
     )
     parts.append("</svg>")
     return "\n".join(parts)

@@ -209,7 +209,7 @@ class RunDirectory:
 
     def evaluation_path(self, sha: str, grader_version: str, label: str = "") -> Path:
         return (
-            self.path / "evaluations" / sha / f"{grader_version}{'.' + label if label else ''}.json"
+            self.path / "evaluations" / sha / f"{grader_version}{'@' + label if label else ''}.json"
         )
 
     def write_evaluation(
