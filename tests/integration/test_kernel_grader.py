@@ -130,6 +130,7 @@ def test_candidate_cannot_see_the_problem_the_supervisor_or_the_network(tmp_path
     probe.write_text(
         "import glob, os, socket, torch, torch.nn as nn\n"
         "SEEN = glob.glob('/tmp/agentinfra-grade-*') + glob.glob('/tmp/**/problem.py', recursive=True)\n"
+        f"SEEN += glob.glob({str(PROBLEMS)!r} + '/*.py')\n"
         "PIDS = [p for p in os.listdir('/proc') if p.isdigit()]\n"
         "try:\n"
         f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"

@@ -260,7 +260,7 @@ class _Grading:
         uid = self._free_uid()
         self.candidate = WorkerProcess.start(
             workdir=self.private / "candidate", sandboxed=True, limits=self._limits(),
-            submission=self.private / "submission.py", uid=uid,
+            submission=self.private / "submission.py", uid=uid, hide=(self.meta.path.resolve().parent,),
         )  # fmt: skip
         self.deadline = time.monotonic() + self.options.timeout_s
         if self.candidate.mode == "rlimits-only" and any(
@@ -450,7 +450,9 @@ class _Grading:
         order = list(range(pool_size))
         self.rng.shuffle(order)
         overhead_ref = self._empty_overhead(reference=True)
-        overhead_cand = self._empty_overhead(reference=False)
+        # The candidate controls how long its own empty batch takes: it may only lower
+        # the overhead subtracted from its time, never raise it.
+        overhead_cand = min(self._empty_overhead(reference=False), overhead_ref)
         cpu_before = self.candidate.cpu_seconds() if self.candidate else 0.0
         cand_wall = 0.0
         ref_times: list[float] = []
@@ -542,6 +544,23 @@ class _Grading:
         frame = self._candidate_call({"op": "batch", "indices": indices}, phase="timing")
         elapsed = time.perf_counter() - start
         commits = frame.header.get("commits")
+        device_ms = frame.header.get("device_ms")
+        if self.options.device == "cuda" and isinstance(device_ms, int | float) and indices:
+            host_ms = elapsed * 1e3
+            # Events only see the default stream: work elsewhere, or patched events, read low.
+            if (
+                device_ms < 0.25 * host_ms
+                and host_ms > 1.0
+                and not any(f.check == "timing_disagreement" for f in self.findings)
+            ):
+                self.findings.append(
+                    Finding(
+                        check="timing_disagreement",
+                        severity="warn",
+                        message=f"CUDA events report {device_ms:.3f} ms for a batch the supervisor's clock measured at {host_ms:.3f} ms",
+                        evidence=f"batch of {len(indices)} calls",
+                    )
+                )
         if not isinstance(commits, list) or len(commits) != len(indices):
             raise _StopGradingError(
                 Outcome.CRASHED, "candidate broke the timing protocol (wrong number of results)"

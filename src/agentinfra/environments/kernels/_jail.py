@@ -6,8 +6,10 @@ any candidate code runs it:
 
 1. reads the submission, then mounts private tmpfs over ``/tmp``, ``/var/tmp`` and
    ``/dev/shm`` (hiding the supervisor's files, including the problem copy, and
-   leaving nothing that outlives the grading), and writes the submission into a
-   fresh ``/tmp/work`` owned by the sandbox uid;
+   leaving nothing that outlives the grading; where the interpreter or agentinfra
+   itself lives under one of them, only those trees are bind-mounted back), and
+   writes the submission into a fresh ``/tmp/work`` owned by the sandbox uid; the
+   directory holding the original problem file is covered the same way;
 2. where the interpreter lives under a directory the sandbox uid cannot enter
    (``/root`` is 0700 on many machines), covers that directory with a tmpfs that
    holds only bind mounts of the interpreter's trees, so nothing else in it is
@@ -51,20 +53,31 @@ def _needs_cover(path: Path, uid: int) -> Path | None:
     return None
 
 
-def _cover(blocked: Path, needed: list[Path]) -> None:
-    keep = sorted(
-        {blocked / p.relative_to(blocked).parts[0] for p in needed if p.is_relative_to(blocked)}
+def _stash_root(needed: list[Path]) -> Path:
+    """An existing directory, clear of everything the worker needs, to park bind mounts in."""
+    for candidate in (Path("/mnt"), Path("/media"), Path("/srv"), Path("/run")):
+        if candidate.is_dir() and not any(p.is_relative_to(candidate) for p in needed):
+            _mount("-t", "tmpfs", "-o", "mode=700,size=1m", "tmpfs", str(candidate))
+            return candidate
+    raise RuntimeError("no directory to stash bind mounts in (/mnt, /media, /srv, /run)")
+
+
+def _cover(mountpoint: Path, needed: list[Path], stash: Path, options: str) -> None:
+    """Mounts a tmpfs over ``mountpoint``, keeping only the ``needed`` paths inside it visible."""
+    inside = sorted(
+        {p for p in needed if p != mountpoint and p.is_relative_to(mountpoint) and p.exists()}
     )
-    stash = Path("/tmp/.agentinfra-stash")
-    stash.mkdir(mode=0o700, exist_ok=True)
-    for index, child in enumerate(keep):
-        target = stash / str(index)
+    keep = [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+    parked: list[tuple[Path, Path]] = []
+    for path in keep:
+        target = stash / f"{len(list(stash.iterdir()))}"
         target.mkdir()
-        _mount("--bind", str(child), str(target))
-    _mount("-t", "tmpfs", "-o", "mode=755,size=1m", "tmpfs", str(blocked))
-    for index, child in enumerate(keep):
-        child.mkdir()
-        _mount("--move", str(stash / str(index)), str(child))
+        _mount("--bind", str(path), str(target))
+        parked.append((path, target))
+    _mount("-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint))
+    for path, target in parked:
+        path.mkdir(parents=True, mode=0o755)
+        _mount("--move", str(target), str(path))
 
 
 def _limits(config: dict[str, int]) -> None:
@@ -84,11 +97,15 @@ def main() -> None:
     source = Path(config["submission"]).read_bytes()
     needed = [Path(p).resolve() for p in config["needed_paths"]]
     blocked = {b for b in (_needs_cover(p, uid) for p in needed) if b is not None}
+    stash = _stash_root(needed)
     for mountpoint in ("/tmp", "/var/tmp", "/dev/shm"):
         if Path(mountpoint).is_dir():
-            _mount("-t", "tmpfs", "-o", "mode=1777,size=1g", "tmpfs", mountpoint)
+            _cover(Path(mountpoint), needed, stash, "mode=1777,size=1g")
     for top in sorted(blocked):
-        _cover(top, needed)
+        _cover(top, needed, stash, "mode=755,size=1m")
+    for hidden in config.get("hide_paths", []):
+        if Path(hidden).is_dir() and Path(hidden) != Path("/"):
+            _cover(Path(hidden), needed, stash, "mode=755,size=1m")
     work = Path("/tmp/work")
     work.mkdir(mode=0o700)
     (work / "submission.py").write_bytes(source)

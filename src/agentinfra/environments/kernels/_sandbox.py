@@ -117,9 +117,15 @@ class SandboxLimits:
 
 
 def _needed_paths() -> list[str]:
+    """What the worker reads: the interpreter, its prefixes, site-packages and agentinfra itself."""
+    import site
+
+    import agentinfra
+
     paths = {os.path.realpath(sys.executable), sys.base_prefix, sys.prefix}
-    paths.update(os.path.realpath(p) for p in sys.path if p and os.path.isdir(p))
-    return sorted(paths)
+    paths.update(os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p))
+    paths.add(os.path.realpath(Path(agentinfra.__file__).parent.parent))
+    return sorted(os.path.realpath(p) for p in paths)
 
 
 def _scrubbed_env(threads: int, home: str) -> dict[str, str]:
@@ -163,6 +169,7 @@ class WorkerProcess:
         limits: SandboxLimits,
         submission: Path | None = None,
         uid: int | None = None,
+        hide: tuple[Path, ...] = (),
     ) -> WorkerProcess:
         """Starts a worker; ``sandboxed`` puts it in the candidate jail with ``submission``."""
         to_read, to_write = os.pipe()
@@ -185,6 +192,7 @@ class WorkerProcess:
                 "uid": uid if mode == "namespaces+uid" and uid is not None else 0,
                 "submission": str(submission),
                 "needed_paths": _needed_paths(),
+                "hide_paths": [str(p) for p in hide],
                 "memory_limit_bytes": limits.memory_limit_bytes,
                 "max_processes": limits.max_processes,
                 "cpu_limit_s": limits.cpu_limit_s,
