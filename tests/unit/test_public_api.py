@@ -74,6 +74,7 @@ EXPECTED: dict[str, list[str]] = {
         "Journal",
         "KernelEnvironment",
         "REPORT_SCHEMA_VERSION",
+        "RayKernelEnvironment",
         "Receipt",
         "RunDirectory",
         "RunHarness",

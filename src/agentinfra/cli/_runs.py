@@ -60,8 +60,15 @@ def _status(harness: RunHarness) -> Table:
     return table
 
 
-def _serve(run: RunDirectory, eval_workers: int, watch: Path | None) -> None:
-    harness = RunHarness(run, make_environment(run.spec), eval_workers=eval_workers)
+_CLUSTER_HELP = (
+    "Grade on Ray: 'local' starts one here, or a cluster address (ray://host:10001, auto)."
+)
+
+
+def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: str | None) -> None:
+    harness = RunHarness(
+        run, make_environment(run.spec, cluster=cluster), eval_workers=eval_workers
+    )
     requeued = harness.recover()
     if requeued:
         err.print(f"resuming: {len(requeued)} submission(s) re-queued for grading")
@@ -84,6 +91,7 @@ def start(
         Path | None, typer.Option("--watch", help="Also grade files that appear here.")
     ] = None,
     run_id: Annotated[str | None, typer.Option("--run-id")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)] = None,
 ) -> None:
     """Create a run and grade its submissions as they arrive."""
     if env != "kernels":
@@ -95,7 +103,7 @@ def start(
                    grader=GraderSettings(threads=settings.grader.threads, timeout_s=settings.grader.timeout_s))  # fmt: skip
     run = RunDirectory.create(run_dir, spec)
     try:
-        _serve(run, eval_workers or settings.harness.eval_workers, watch)
+        _serve(run, eval_workers or settings.harness.eval_workers, watch, cluster)
     finally:
         run.close()
 
@@ -104,11 +112,12 @@ def resume(
     run_dir: Annotated[Path, typer.Argument(help="Existing run directory.")],
     eval_workers: Annotated[int | None, typer.Option("--eval-workers")] = None,
     watch: Annotated[Path | None, typer.Option("--watch")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)] = None,
 ) -> None:
     """Continue a run after a crash: replay the journal, grade what was not graded, keep serving."""
     run = RunDirectory.open(run_dir)
     try:
-        _serve(run, eval_workers or load_settings().harness.eval_workers, watch)
+        _serve(run, eval_workers or load_settings().harness.eval_workers, watch, cluster)
     finally:
         run.close()
 

@@ -7,6 +7,7 @@ from agentinfra.harness._environment import Environment, KernelEnvironment, make
 from agentinfra.harness._harness import FINISH_MARKER, Receipt, RunHarness, RunState, inbox_name
 from agentinfra.harness._journal import JOURNAL_SCHEMA_VERSION, Event, Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, best_so_far, compute_metrics
+from agentinfra.harness._ray import RayKernelEnvironment
 from agentinfra.harness._recording import load_recording, replay_recording
 from agentinfra.harness._regrade import Change, regrade, remeasure_best
 from agentinfra.harness._report import (
@@ -29,6 +30,7 @@ __all__ = [
     "Journal",
     "KernelEnvironment",
     "REPORT_SCHEMA_VERSION",
+    "RayKernelEnvironment",
     "Receipt",
     "RunDirectory",
     "RunHarness",

@@ -68,11 +68,22 @@ class KernelEnvironment:
         }
 
 
-def make_environment(spec: RunSpec, *, base: Path | None = None) -> Environment:
-    """The environment of ``spec``; a relative task path is resolved against ``base``."""
+def make_environment(
+    spec: RunSpec, *, base: Path | None = None, cluster: str | None = None
+) -> Environment:
+    """The environment of ``spec``; a relative task path is resolved against ``base``.
+
+    ``cluster`` grades on Ray: ``"local"`` starts a local Ray instance, an address
+    such as ``"ray://head:10001"`` or ``"auto"`` connects to a running cluster.
+    """
     task = Path(spec.task)
     if not task.is_absolute() and base is not None:
         task = base / task
-    if spec.environment == "kernels":
-        return KernelEnvironment(task, spec.grader)
-    raise HarnessError(f"unknown environment {spec.environment!r}")
+    if spec.environment != "kernels":
+        raise HarnessError(f"unknown environment {spec.environment!r}")
+    environment = KernelEnvironment(task, spec.grader)
+    if cluster is None:
+        return environment
+    from agentinfra.harness._ray import RayKernelEnvironment
+
+    return RayKernelEnvironment(environment, address=cluster)
