@@ -32,7 +32,7 @@ from agentinfra.errors import ConfigError, StoreLockedError, TierUnavailableErro
 from agentinfra.kvcache._index import BlockIndex
 from agentinfra.kvcache._keys import BlockKey
 from agentinfra.kvcache._policies import EvictionPolicy, make_policy
-from agentinfra.kvcache._tier import PutResult, TierStats
+from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats
 
 __all__ = ["DISK_FORMAT_VERSION", "DiskTier"]
 
@@ -63,9 +63,7 @@ class DiskTier:
         self._index = BlockIndex(
             capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy
         )
-        self._counts = dict.fromkeys(
-            ("hits", "misses", "puts", "rejected", "evictions", "bytes_read", "bytes_written"), 0
-        )
+        self._counts = TierCounters()
         self._lock_fd: int | None = None
         self._check_or_create()
         if not read_only:
@@ -197,9 +195,7 @@ class DiskTier:
         held = [key for key, data in zip(keys, found, strict=True) if data is not None]
         if not self.read_only:
             self._index.touch(held)
-        self._counts["hits"] += len(held)
-        self._counts["misses"] += len(keys) - len(held)
-        self._counts["bytes_read"] += sum(len(d) for d in found if d is not None)
+        self._counts.count_reads(found)
         return found
 
     def get_into(
@@ -221,9 +217,7 @@ class DiskTier:
                 written.append(None)
                 continue
             written.append(count)
-            self._counts["bytes_read"] += count or 0
-        self._counts["hits"] += sum(1 for w in written if w is not None)
-        self._counts["misses"] += sum(1 for w in written if w is None)
+        self._counts.count_reads(written)
         if not self.read_only:
             self._index.touch([k for k, w in zip(keys, written, strict=True) if w is not None])
         return written
@@ -276,12 +270,11 @@ class DiskTier:
             except TierUnavailableError:
                 self._index.remove(key)
                 raise
-            self._counts["bytes_written"] += len(data)
+            self._counts.bytes_written += len(data)
             stored.append(key)
-        self._counts["puts"] += len(stored)
-        self._counts["rejected"] += len(rejected)
-        self._counts["evictions"] += len(evicted)
-        return PutResult(tuple(stored), tuple(rejected), tuple(evicted))
+        outcome = PutResult(tuple(stored), tuple(rejected), tuple(evicted))
+        self._counts.count_put(outcome)
+        return outcome
 
     def remove(self, keys: Sequence[BlockKey]) -> int:
         removed = 0
@@ -299,10 +292,9 @@ class DiskTier:
                 os.replace(self._path(key), self.directory / "quarantine" / self._path(key).name)
 
     def stats(self) -> TierStats:
-        return TierStats(
-            name=self.name,
+        return self._counts.snapshot(
+            self.name,
             blocks=len(self._index),
             used_bytes=self._index.used,
             capacity_bytes=self._index.capacity,
-            **self._counts,
         )

@@ -13,7 +13,7 @@ from typing import cast
 from agentinfra.kvcache._index import BlockIndex
 from agentinfra.kvcache._keys import BlockKey
 from agentinfra.kvcache._policies import EvictionPolicy, make_policy
-from agentinfra.kvcache._tier import PutResult, TierStats
+from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats
 
 __all__ = ["MemoryTier"]
 
@@ -28,9 +28,7 @@ class MemoryTier:
             capacity_bytes, make_policy(policy) if isinstance(policy, str) else policy
         )
         self._data: dict[BlockKey, bytes] = {}
-        self._counts = dict.fromkeys(
-            ("hits", "misses", "puts", "rejected", "evictions", "bytes_read", "bytes_written"), 0
-        )
+        self._counts = TierCounters()
 
     @property
     def policy_name(self) -> str:
@@ -51,9 +49,7 @@ class MemoryTier:
         found = [self._data.get(key) for key in keys]
         held = [key for key, data in zip(keys, found, strict=True) if data is not None]
         self._index.touch(held)
-        self._counts["hits"] += len(held)
-        self._counts["misses"] += len(keys) - len(held)
-        self._counts["bytes_read"] += sum(len(d) for d in found if d is not None)
+        self._counts.count_reads(found)
         return found
 
     def get_into(
@@ -85,14 +81,13 @@ class MemoryTier:
             if result.is_admitted:
                 if key not in self._data:
                     self._data[key] = bytes(data)
-                    self._counts["bytes_written"] += len(data)
+                    self._counts.bytes_written += len(data)
                 stored.append(key)
             else:
                 rejected.append(key)
-        self._counts["puts"] += len(stored)
-        self._counts["rejected"] += len(rejected)
-        self._counts["evictions"] += len(evicted)
-        return PutResult(tuple(stored), tuple(rejected), tuple(evicted))
+        outcome = PutResult(tuple(stored), tuple(rejected), tuple(evicted))
+        self._counts.count_put(outcome)
+        return outcome
 
     def remove(self, keys: Sequence[BlockKey]) -> int:
         removed = 0
@@ -115,10 +110,9 @@ class MemoryTier:
         self._index.unpin(key)
 
     def stats(self) -> TierStats:
-        return TierStats(
-            name=self.name,
+        return self._counts.snapshot(
+            self.name,
             blocks=len(self._data),
             used_bytes=self._index.used,
             capacity_bytes=self._index.capacity,
-            **self._counts,
         )

@@ -9,12 +9,12 @@ access to them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from agentinfra.kvcache._keys import BlockKey
 
-__all__ = ["PutResult", "Tier", "TierStats"]
+__all__ = ["PutResult", "Tier", "TierCounters", "TierStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,44 @@ class PutResult:
     rejected: tuple[BlockKey, ...]
     evicted: tuple[tuple[BlockKey, bytes | None], ...]
     """Evicted blocks, with their bytes where the tier had them in memory (for demotion)."""
+
+
+@dataclass(slots=True)
+class TierCounters:
+    """The running counters behind `TierStats`; owned by one tier."""
+
+    hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    rejected: int = 0
+    evictions: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+    def count_reads(self, found: Sequence[bytes | int | None]) -> None:
+        """Counts one batch read: a bytes object or a byte count per hit, None per miss."""
+        for item in found:
+            if item is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self.bytes_read += item if isinstance(item, int) else len(item)
+
+    def count_put(self, result: PutResult) -> None:
+        self.puts += len(result.stored)
+        self.rejected += len(result.rejected)
+        self.evictions += len(result.evicted)
+
+    def snapshot(
+        self, name: str, *, blocks: int, used_bytes: int, capacity_bytes: int
+    ) -> TierStats:
+        return TierStats(
+            name=name,
+            blocks=blocks,
+            used_bytes=used_bytes,
+            capacity_bytes=capacity_bytes,
+            **asdict(self),
+        )
 
 
 class Tier(Protocol):

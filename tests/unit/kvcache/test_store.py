@@ -52,6 +52,16 @@ def test_round_trip_returns_verified_views(tmp_path: Path) -> None:
     for block, key in zip(blocks, keys, strict=True):
         np.testing.assert_array_equal(block.as_numpy(), kv_for(key))
     assert store.stats().hit_blocks == 3
+    memory = store.stats().tiers[0]
+    assert (memory.name, memory.blocks, memory.puts, memory.hits, memory.misses) == (
+        "memory",
+        3,
+        3,
+        3,
+        0,
+    )
+    assert memory.bytes_read == memory.bytes_written == 3 * BLOCK_BYTES
+    assert memory.used_bytes == 3 * BLOCK_BYTES
 
 
 def test_eviction_demotes_reused_blocks_to_disk_and_promotes_back(tmp_path: Path) -> None:
