@@ -17,7 +17,6 @@ live process (the lock) is refused.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -30,6 +29,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import agentinfra
+from agentinfra._pidlock import try_lock
 from agentinfra.errors import HarnessError
 from agentinfra.harness._journal import Journal
 from agentinfra.harness._spec import RunInfo, RunSpec
@@ -169,18 +169,12 @@ class RunDirectory:
 
     @staticmethod
     def _lock(path: Path) -> int:
-        fd = os.open(path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+        held = try_lock(path / "lock")
+        if isinstance(held, str):
             raise HarnessError(
-                f"run {path} is held by another live process (pid {holder}); stop it or wait for it to finish"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        return fd
+                f"run {path} is held by another live process (pid {held}); stop it or wait for it to finish"
+            )
+        return held
 
     def close(self) -> None:
         self.journal.close()

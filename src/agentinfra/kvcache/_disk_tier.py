@@ -20,7 +20,6 @@ deleted outside the files this tier wrote.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+from agentinfra._pidlock import try_lock
 from agentinfra.errors import ConfigError, StoreLockedError, TierUnavailableError
 from agentinfra.kvcache._index import BlockIndex
 from agentinfra.kvcache._keys import BlockKey
@@ -112,20 +112,13 @@ class DiskTier:
             ) from None
 
     def _lock(self) -> None:
-        path = self.directory / "lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+        held = try_lock(self.directory / "lock")
+        if isinstance(held, str):
             raise StoreLockedError(
-                f"{self.directory} is owned by another live store (pid {holder}); "
+                f"{self.directory} is owned by another live store (pid {held}); "
                 "open it read_only or choose another --disk-dir"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+            )
+        self._lock_fd = held
 
     def _clear_tmp(self) -> None:
         for leftover in (self.directory / "tmp").glob(f"*{_SUFFIX}.tmp"):
