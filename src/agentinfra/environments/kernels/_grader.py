@@ -72,6 +72,7 @@ __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 GRADER_VERSION = "1.0.0"
 _POOL_BYTES_LIMIT = 768 << 20
 _TARGET_BATCH_S = 0.05
+_MAX_FINDINGS_PER_CHECK = 3
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
 
 
@@ -194,6 +195,11 @@ class _Grading:
         cpus = sorted(os.sched_getaffinity(0))
         self.cpus = tuple(cpus[: options.threads]) if len(cpus) >= options.threads else tuple(cpus)
 
+    def _add(self, finding: Finding) -> None:
+        """Records a finding; a runtime check that fires on every call is kept three times."""
+        if sum(1 for f in self.findings if f.check == finding.check) < _MAX_FINDINGS_PER_CHECK:
+            self.findings.append(finding)
+
     # -- steps -------------------------------------------------------------------
 
     def prepare(self) -> None:
@@ -274,7 +280,7 @@ class _Grading:
             shutil.copyfile(
                 self.private / "submission.py", self.private / "candidate" / "submission.py"
             )
-            self.findings.append(
+            self._add(
                 Finding(
                     check="sandbox",
                     severity="warn",
@@ -383,7 +389,7 @@ class _Grading:
             checked += 1
             label = f"seed {seed}, variant {variant}" + (f", shape {shape}" if shape else "")
             if reply.header.get("output_type") != "torch.Tensor" or not reply.tensors:
-                self.findings.append(
+                self._add(
                     Finding(
                         check="output_type",
                         severity="block",
@@ -400,7 +406,7 @@ class _Grading:
                 if isinstance(a, str) and len(a) == 32
             ]
             if after != sent[: len(after)] or len(after) != len(sent):
-                self.findings.append(
+                self._add(
                     Finding(
                         check="input_mutation",
                         severity="block",
@@ -413,7 +419,7 @@ class _Grading:
                 failures.append(f"{label}: {result.message}")
         self.correct = checked > 0 and not failures
         if failures:
-            self.findings.append(
+            self._add(
                 Finding(
                     check="correctness",
                     severity="warn",
@@ -553,7 +559,7 @@ class _Grading:
                 and host_ms > 1.0
                 and not any(f.check == "timing_disagreement" for f in self.findings)
             ):
-                self.findings.append(
+                self._add(
                     Finding(
                         check="timing_disagreement",
                         severity="warn",
@@ -578,7 +584,7 @@ class _Grading:
             raise _StopGradingError(Outcome.CRASHED, "candidate broke the audit protocol")
         for position, got in zip(positions, frame.tensors, strict=True):
             if digest(got) != commits[position]:
-                self.findings.append(
+                self._add(
                     Finding(
                         check="audit",
                         severity="block",
@@ -590,7 +596,7 @@ class _Grading:
                 return
             result = _compare(got, expected[chunk[position]], self.meta)
             if not result.ok:
-                self.findings.append(
+                self._add(
                     Finding(
                         check="audit",
                         severity="block",
@@ -607,7 +613,7 @@ class _Grading:
         cores = cpu_s / wall_s
         allowed = self.threads * 1.5 + 0.25
         if cores > allowed:
-            self.findings.append(
+            self._add(
                 Finding(
                     check="threads_processes",
                     severity="block",
@@ -637,7 +643,7 @@ class _Grading:
         if self.meta.bytes and peaks.get("bytes_per_s"):
             floor = max(floor, self.meta.bytes / peaks["bytes_per_s"])
         if floor and candidate < 0.5 * floor:
-            self.findings.append(
+            self._add(
                 Finding(
                     check="plausibility",
                     severity="block",
