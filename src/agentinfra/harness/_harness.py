@@ -53,7 +53,6 @@ class RunState:
 
     received: dict[str, dict[str, Any]] = field(default_factory=dict)
     graded: dict[str, dict[str, Any]] = field(default_factory=dict)
-    started: set[str] = field(default_factory=set)
     created_wall_s: float = 0.0
     finished: bool = False
 
@@ -64,11 +63,6 @@ class RunState:
             sha = event.data.get("sha256")
             if event.type == "submission_received" and isinstance(sha, str):
                 state.received.setdefault(sha, dict(event.data))
-            elif (
-                event.type == "grading_started"
-                and event.data.get("grader_version") == grader_version
-            ):
-                state.started.add(str(sha))
             elif event.type == "graded" and event.data.get("grader_version") == grader_version:
                 state.graded[str(sha)] = dict(event.data)
             elif event.type == "run_finished":

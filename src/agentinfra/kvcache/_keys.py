@@ -31,7 +31,6 @@ __all__ = [
     "BlockKey",
     "Namespace",
     "block_keys",
-    "block_size_of",
 ]
 
 KEY_SPEC_VERSION = 1
@@ -96,11 +95,6 @@ class Namespace:
     def root_key(self) -> BlockKey:
         """The parent key of every first block in this namespace."""
         return BlockKey(hashlib.sha256(self.encode()).digest())
-
-
-def block_size_of(namespace: Namespace) -> int:
-    """The block size in tokens of ``namespace``."""
-    return namespace.block_size_tokens
 
 
 def _extra_encoding(extra: Sequence[bytes]) -> bytes:

@@ -465,7 +465,7 @@ class _Grading:
         cand_times: list[float] = []
         for index in range(pairs + warmup):
             chunk = order[index * per_batch : (index + 1) * per_batch]
-            ref_s = self._timed_batch(chunk, reference=True)
+            ref_s = self._timed_batch_reference(chunk)
             cand_s, commits = self._timed_batch_candidate(chunk)
             cand_wall += cand_s
             self._audit(chunk, commits, expected)
@@ -492,7 +492,7 @@ class _Grading:
         )
         best = float("inf")
         for _ in range(3):
-            best = min(best, self._timed_batch([0], reference=True))
+            best = min(best, self._timed_batch_reference([0]))
         return best
 
     def _build_pool(
@@ -532,14 +532,12 @@ class _Grading:
 
     def _empty_overhead(self, *, reference: bool) -> float:
         samples = [
-            self._timed_batch([], reference=reference)
-            if reference
-            else self._timed_batch_candidate([])[0]
+            self._timed_batch_reference([]) if reference else self._timed_batch_candidate([])[0]
             for _ in range(7)
         ]
         return statistics.median(samples)
 
-    def _timed_batch(self, indices: list[int], *, reference: bool) -> float:
+    def _timed_batch_reference(self, indices: list[int]) -> float:
         assert self.reference is not None
         start = time.perf_counter()
         self._reference_call({"op": "batch", "indices": indices})
@@ -583,29 +581,24 @@ class _Grading:
         if len(frame.tensors) != len(positions):
             raise _StopGradingError(Outcome.CRASHED, "candidate broke the audit protocol")
         for position, got in zip(positions, frame.tensors, strict=True):
+            call = chunk[position]
             if digest(got) != commits[position]:
-                self._add(
-                    Finding(
-                        check="audit",
-                        severity="block",
-                        message="an audited output differs from what the candidate committed when its timed call returned",
-                        evidence=f"timed call {chunk[position]}",
-                    )
+                self._fail_audit(
+                    "an audited output differs from what the candidate committed when its timed call returned",
+                    f"timed call {call}",
                 )
-                self.correct = False
                 return
-            result = _compare(got, expected[chunk[position]], self.meta)
+            result = _compare(got, expected[call], self.meta)
             if not result.ok:
-                self._add(
-                    Finding(
-                        check="audit",
-                        severity="block",
-                        message="a timed call's output was wrong although the correctness checks passed (correct only while checked)",
-                        evidence=f"timed call {chunk[position]}: {result.message}",
-                    )
+                self._fail_audit(
+                    "a timed call's output was wrong although the correctness checks passed (correct only while checked)",
+                    f"timed call {call}: {result.message}",
                 )
-                self.correct = False
                 return
+
+    def _fail_audit(self, message: str, evidence: str) -> None:
+        self._add(Finding(check="audit", severity="block", message=message, evidence=evidence))
+        self.correct = False
 
     def _check_cores(self, cpu_s: float, wall_s: float) -> None:
         if wall_s <= 0.05:
