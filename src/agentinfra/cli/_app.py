@@ -22,6 +22,7 @@ import agentinfra
 from agentinfra._settings import load_settings
 from agentinfra.cli._grade import grade_command
 from agentinfra.cli._kv import kv_app
+from agentinfra.cli._kv_server import register as register_kv_server
 from agentinfra.cli._runs import register as register_runs
 from agentinfra.errors import AgentInfraError
 
@@ -112,6 +113,7 @@ def info(
         console.print(f"[bold]{key:>26}[/bold]  {value}")
 
 
+register_kv_server(kv_app)
 app.add_typer(kv_app, name="kv")
 app.command("grade")(grade_command)
 register_runs(app)

@@ -28,7 +28,8 @@ from agentinfra.kvcache import (
 __all__ = ["kv_app"]
 
 kv_app = typer.Typer(
-    help="The KV-cache store: replay traces, generate agent traces.", no_args_is_help=True
+    help="The KV-cache store: replay traces, serve blocks, inspect a server, demo prefill skipped.",
+    no_args_is_help=True,
 )
 
 

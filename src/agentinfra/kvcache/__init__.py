@@ -10,7 +10,9 @@ from agentinfra.kvcache._block import (
     encode_block,
     parse_block,
 )
+from agentinfra.kvcache._client import AsyncCacheClient, CacheClient
 from agentinfra.kvcache._disk_tier import DiskTier
+from agentinfra.kvcache._hf import BlockSource, PrefillResult, PrefixCachedModel, tiny_llama
 from agentinfra.kvcache._index import BlockIndex, InsertResult
 from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
@@ -22,6 +24,8 @@ from agentinfra.kvcache._policies import (
     PrefixLRUPolicy,
     make_policy,
 )
+from agentinfra.kvcache._protocol import PROTOCOL_VERSION, Op, ProtocolError, Status
+from agentinfra.kvcache._redis_tier import RedisTier
 from agentinfra.kvcache._replay import (
     CostModel,
     ReplayResult,
@@ -32,6 +36,7 @@ from agentinfra.kvcache._replay import (
     replay,
     unique_blocks,
 )
+from agentinfra.kvcache._server import CacheServer, ServerConfig, load_token_file, tenant_key
 from agentinfra.kvcache._store import (
     EvictionRecord,
     Explanation,
@@ -49,11 +54,15 @@ DEFAULT_POLICY = "prefix-lru"
 
 __all__ = [
     "AgentTraceConfig",
+    "AsyncCacheClient",
     "BLOCK_FORMAT_VERSION",
     "Block",
     "BlockHeader",
     "BlockIndex",
     "BlockKey",
+    "BlockSource",
+    "CacheClient",
+    "CacheServer",
     "CostModel",
     "DEFAULT_POLICY",
     "DiskTier",
@@ -67,12 +76,20 @@ __all__ = [
     "MemoryTier",
     "MissReason",
     "Namespace",
+    "Op",
     "POLICIES",
+    "PROTOCOL_VERSION",
+    "PrefillResult",
+    "PrefixCachedModel",
     "PrefixLRUPolicy",
+    "ProtocolError",
     "PutResult",
+    "RedisTier",
     "ReplayResult",
+    "ServerConfig",
     "Session",
     "SessionState",
+    "Status",
     "StoreStats",
     "Tier",
     "TierStats",
@@ -83,10 +100,13 @@ __all__ = [
     "capacity_for_fraction",
     "encode_block",
     "generate_agent_trace",
+    "load_token_file",
     "make_policy",
     "parse_block",
     "read_trace",
     "replay",
+    "tenant_key",
+    "tiny_llama",
     "unique_blocks",
     "write_trace",
 ]

@@ -9,6 +9,10 @@
 - Agent sessions pin their blocks while a turn is active; between turns the
   blocks get a time-to-live after which they are demoted to disk (never simply
   dropped), and `Session.begin_turn` prefetches them back.
+- An optional remote tier (the Redis/Valkey tier, shared by many nodes) is
+  walked after disk; every `put` is written through to it so other nodes see
+  the block, and a remote hit is promoted into memory. A remote tier that is
+  down turns its blocks into misses; it never fails a lookup.
 - `explain` says why a prefix missed: the first missing block and whether it was
   never stored, evicted (when, from which tier, by which policy), failed its
   checksum, or lives under another namespace.
@@ -37,7 +41,7 @@ from agentinfra.kvcache._block import Block, decode_header, encode_block, parse_
 from agentinfra.kvcache._disk_tier import DiskTier
 from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
-from agentinfra.kvcache._tier import TierStats
+from agentinfra.kvcache._tier import Tier, TierStats
 
 __all__ = [
     "EvictionRecord",
@@ -137,6 +141,7 @@ class TieredStore:
         memory: MemoryTier,
         disk: DiskTier | None = None,
         *,
+        remote: Tier | None = None,
         disk_admission: Literal["all", "second-access"] = "second-access",
         clock: Callable[[], float] = time.monotonic,
         history_limit: int = 100_000,
@@ -145,6 +150,7 @@ class TieredStore:
             raise ConfigError(f"disk_admission={disk_admission!r} must be 'all' or 'second-access'")
         self.memory = memory
         self.disk = disk
+        self.remote = remote
         self._disk_admission = disk_admission
         self._clock = clock
         self._lock = threading.RLock()
@@ -180,6 +186,8 @@ class TieredStore:
                 if key not in self.memory and (self.disk is None or key not in self.disk):
                     break
                 count += 1
+            if self.remote is not None and count < len(keys):
+                count += self.remote.leading_hits(keys[count:])
             return count
 
     def get(self, keys: Sequence[BlockKey]) -> list[Block]:
@@ -224,6 +232,8 @@ class TieredStore:
         from_disk = data is None
         if data is None and self.disk is not None and key in self.disk:
             data = self.disk.get([key])[0]
+        if data is None and self.remote is not None:
+            data = self.remote.get([key])[0]
         if data is None:
             return None, "evicted" if key in self._history else "never_stored"
         try:
@@ -286,7 +296,10 @@ class TieredStore:
             for key, _ in items:
                 self._uses[key] = self._uses.get(key, 0) + 1
                 self._quarantined.discard(key)
-            return len(self._put_memory(list(items), parents))
+            stored = len(self._put_memory(list(items), parents))
+            if self.remote is not None:
+                self.remote.put(list(items), parents)
+            return stored
 
     def _put_memory(
         self, items: list[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None]
@@ -326,6 +339,8 @@ class TieredStore:
             removed = self.memory.remove(keys)
             if self.disk is not None:
                 removed += self.disk.remove(keys)
+            if self.remote is not None:
+                removed += self.remote.remove(keys)
             for key in keys:
                 self._uses.pop(key, None)
             return removed
@@ -436,6 +451,22 @@ class TieredStore:
     def explain(self, namespace: Namespace, token_ids: TokenIds) -> Explanation:
         """Why the prefix ``token_ids`` does not fully hit under ``namespace``."""
         keys = self.keys_for(namespace, token_ids)
+        explanation = self.explain_keys(keys)
+        if explanation.reason != "never_stored" or explanation.first_missing is None:
+            return explanation
+        hits, key = explanation.first_missing, keys[explanation.first_missing]
+        other = self._other_namespace(namespace, token_ids, hits)
+        if other is not None:
+            return Explanation(
+                len(keys), hits, hits, key, "namespace",
+                f"block {hits} ({key.hex()[:16]}) is cached under another namespace (model {other.model_id!r}, "
+                f"dtype {other.kv_dtype}, block size {other.block_size_tokens}); this lookup used model "
+                f"{namespace.model_id!r}",
+            )  # fmt: skip
+        return explanation
+
+    def explain_keys(self, keys: Sequence[BlockKey]) -> Explanation:
+        """Why the chain ``keys`` does not fully hit: never stored, evicted or failed its checksum."""
         with self._lock:
             hits = self.leading_hits(keys)
             if hits == len(keys):
@@ -461,19 +492,14 @@ class TieredStore:
                     + (f" and demoted to {record.demoted_to}" if record.demoted_to else "")
                 )
                 return Explanation(len(keys), hits, hits, key, "evicted", detail, record)
-        other = self._other_namespace(namespace, token_ids, hits)
-        if other is not None:
-            return Explanation(
-                len(keys), hits, hits, key, "namespace",
-                f"{where} is cached under another namespace (model {other.model_id!r}, dtype {other.kv_dtype}, "
-                f"block size {other.block_size_tokens}); this lookup used model {namespace.model_id!r}",
-            )  # fmt: skip
         return Explanation(len(keys), hits, hits, key, "never_stored", f"{where} was never stored")
 
     def stats(self) -> StoreStats:
         """A snapshot of every counter."""
         with self._lock:
-            tiers = (self.memory.stats(),) + ((self.disk.stats(),) if self.disk is not None else ())
+            tiers = tuple(
+                tier.stats() for tier in (self.memory, self.disk, self.remote) if tier is not None
+            )
             return StoreStats(
                 misses_by_reason=dict(self._misses),
                 quarantined=len(self._quarantined),

@@ -1,0 +1,298 @@
+"""`agentinfra kv serve|stats|explain|demo`: the cache server, its client, and prefill skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from agentinfra._settings import parse_size
+from agentinfra.errors import ConfigError
+from agentinfra.kvcache import (
+    CacheClient,
+    CacheServer,
+    DiskTier,
+    MemoryTier,
+    Namespace,
+    RedisTier,
+    ServerConfig,
+    TieredStore,
+    block_keys,
+    load_token_file,
+)
+
+__all__ = ["register"]
+
+console = Console()
+
+
+def _read_token(token_file: Path | None) -> str:
+    if token_file is None:
+        return ""
+    try:
+        fields = token_file.read_text().split()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read token file {token_file}: {exc.strerror} (--token-file)"
+        ) from None
+    if not fields:
+        raise ConfigError(f"token file {token_file} is empty (--token-file)")
+    return fields[-1]
+
+
+def serve_command(
+    host: Annotated[
+        str, typer.Option(help="Address to bind; loopback unless told otherwise.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the cache protocol.")] = 7480,
+    memory: Annotated[str, typer.Option(help="Memory tier capacity, e.g. 4GiB.")] = "4GiB",
+    disk_dir: Annotated[
+        Path | None, typer.Option("--disk-dir", help="Directory of the disk tier.")
+    ] = None,
+    disk: Annotated[str, typer.Option(help="Disk tier capacity.")] = "64GiB",
+    redis: Annotated[
+        str | None,
+        typer.Option(help="Redis/Valkey URL of a shared tier, e.g. redis://127.0.0.1:6379/0."),
+    ] = None,
+    redis_cluster: Annotated[
+        bool, typer.Option("--redis-cluster", help="The Redis URL names a cluster node.")
+    ] = False,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="Lines 'TENANT TOKEN'; clients must present one."),
+    ] = None,
+    max_frame: Annotated[
+        str, typer.Option("--max-frame", help="Largest frame payload accepted.")
+    ] = "256MiB",
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Port of /metrics (Prometheus).")
+    ] = 7481,
+) -> None:
+    """Serve a tiered KV-cache store over the agentinfra cache protocol (docs/protocol.md)."""
+    config = ServerConfig(
+        host=host,
+        port=port,
+        max_frame_bytes=parse_size(max_frame, knob="--max-frame"),
+        tokens=load_token_file(token_file) if token_file else None,
+        metrics_port=metrics_port,
+    )
+    disk_tier = DiskTier(disk_dir, parse_size(disk, knob="--disk")) if disk_dir else None
+    remote = RedisTier(redis, cluster=redis_cluster) if redis else None
+    store = TieredStore(MemoryTier(parse_size(memory, knob="--memory")), disk_tier, remote=remote)
+
+    async def run() -> None:
+        server = CacheServer(store, config)
+        await server.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        where = f"{host}:{server.port}"
+        metrics = (
+            f", metrics on http://{host}:{server.metrics_port}/metrics"
+            if server.metrics_port
+            else ""
+        )
+        console.print(f"kv server listening on {where}{metrics}", highlight=False)
+        await stop.wait()
+        await server.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()
+        if remote is not None:
+            remote.close()
+
+
+def stats_command(
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 7480,
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help="File whose last word is the token.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show a running server's counters, per tier."""
+    with CacheClient(host, port, token=_read_token(token_file)) as client:
+        stats = client.stats()
+    if as_json:
+        print(json.dumps(stats, sort_keys=True))
+        return
+    console.print(
+        f"{stats['server']['server']} on {host}:{port}: {stats['lookups']} lookups, "
+        f"{stats['hit_blocks']} blocks hit, {stats['server']['connections']} connections; "
+        f"misses {stats['misses_by_reason']}",
+        highlight=False,
+    )
+    table = Table("tier", "blocks", "used", "hits", "misses", "evictions", "read", "written")
+    for tier in stats["tiers"]:
+        table.add_row(
+            tier["name"], str(tier["blocks"]), _bytes(tier["used_bytes"]), str(tier["hits"]),
+            str(tier["misses"]), str(tier["evictions"]), _bytes(tier["bytes_read"]), _bytes(tier["bytes_written"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+def _bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return str(count)
+
+
+def explain_command(
+    tokens: Annotated[
+        Path,
+        typer.Argument(
+            help="The prompt's token ids: a JSON list or whitespace-separated integers."
+        ),
+    ],
+    model_id: Annotated[str, typer.Option("--model-id", help="Namespace: the model.")],
+    kv_dtype: Annotated[
+        str, typer.Option("--kv-dtype", help="Namespace: the KV dtype.")
+    ] = "bfloat16",
+    block_size: Annotated[
+        int, typer.Option("--block-size", help="Namespace: tokens per block.")
+    ] = 256,
+    host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Server port.")] = 7480,
+    token_file: Annotated[
+        Path | None, typer.Option("--token-file", help="File whose last word is the token.")
+    ] = None,
+) -> None:
+    """Say why a prompt's prefix does not fully hit on a running server."""
+    try:
+        text = tokens.read_text()
+        ids = json.loads(text) if text.lstrip().startswith("[") else [int(t) for t in text.split()]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read token ids from {tokens}: {exc}") from None
+    namespace = Namespace(model_id=model_id, kv_dtype=kv_dtype, block_size_tokens=block_size)
+    keys = block_keys(namespace, ids)
+    with CacheClient(host, port, token=_read_token(token_file)) as client:
+        result = client.explain_keys(keys)
+    console.print(
+        f"{result['hit_blocks']}/{result['requested_blocks']} blocks hit; {result['detail']}",
+        highlight=False,
+    )
+
+
+def demo_command(
+    tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 4096,
+    layers: Annotated[int, typer.Option(help="Decoder layers of the random Llama model.")] = 24,
+    via: Annotated[str, typer.Option(help="Where the prefix comes from: disk or server.")] = "disk",
+) -> None:
+    """Prefill a random-weight ~0.5B Llama twice: recomputed, then with the prefix from the cache."""
+    import torch
+
+    from agentinfra.kvcache import PrefixCachedModel, tiny_llama
+
+    if via not in ("disk", "server"):
+        raise ConfigError(f"--via {via!r} must be 'disk' or 'server'")
+    torch.manual_seed(0)
+    console.print(f"building a random Llama: {layers} layers, hidden 896, 14 heads, 2 KV heads ...")
+    model = tiny_llama(layers=layers)
+    ids = torch.randint(0, model.config.vocab_size, (tokens,))
+    namespace = Namespace(
+        model_id=f"random-llama-{layers}l", kv_dtype="float32", block_size_tokens=256
+    )
+    with tempfile.TemporaryDirectory(prefix="agentinfra-kv-demo-") as tmp:
+        directory = Path(tmp) / "kv"
+        writer = TieredStore(
+            MemoryTier(8 << 30), DiskTier(directory, 64 << 30), disk_admission="all"
+        )
+        if via == "disk":
+            cold = PrefixCachedModel(model, _Persisting(writer), namespace).prefill(ids)
+            writer.close()
+            # A fresh store over the same directory: nothing in memory, every block from disk.
+            reader = TieredStore(MemoryTier(8 << 30), DiskTier(directory, 64 << 30))
+            warm = PrefixCachedModel(model, reader, namespace, save=False).prefill(ids)
+            reader.close()
+        else:
+            server = _ServerThread(writer)
+            try:
+                with CacheClient("127.0.0.1", server.port, tenant="demo") as client:
+                    cold = PrefixCachedModel(model, client, namespace).prefill(ids)
+                with CacheClient("127.0.0.1", server.port, tenant="demo") as client:
+                    warm = PrefixCachedModel(model, client, namespace, save=False).prefill(ids)
+            finally:
+                server.close()
+                writer.close()
+    diff = float((cold.logits - warm.logits).abs().max())
+    table = Table("prefill", "tokens computed", "load", "compute", "time to first token")
+    table.add_row(
+        "recompute", str(cold.prompt_tokens), "-", f"{cold.compute_s:.2f} s", f"{cold.ttft_s:.2f} s"
+    )
+    table.add_row(
+        f"prefix from {via}", str(warm.prompt_tokens - warm.cached_tokens), f"{warm.load_s * 1000:.0f} ms",
+        f"{warm.compute_s * 1000:.0f} ms", f"{warm.ttft_s:.3f} s",
+    )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"cached {warm.cached_tokens} of {tokens} tokens; time to first token "
+        f"{warm.ttft_s / cold.ttft_s:.1%} of recompute; max |logit difference| {diff:.2e}",
+        highlight=False,
+    )
+
+
+class _Persisting:
+    """Writes through to disk at once, so a second store over the directory sees every block."""
+
+    def __init__(self, store: TieredStore) -> None:
+        self.store = store
+
+    def leading_hits(self, keys: Any) -> int:
+        return self.store.leading_hits(keys)
+
+    def get(self, keys: Any) -> Any:
+        return self.store.get(keys)
+
+    def put_encoded(self, items: Any) -> int:
+        stored = self.store.put_encoded(items)
+        assert self.store.disk is not None
+        self.store.disk.put(list(items))
+        return stored
+
+
+class _ServerThread:
+    """The demo's server on a thread of its own (the CLI's main thread is the client)."""
+
+    def __init__(self, store: TieredStore) -> None:
+        import threading
+
+        self._store = store
+        self._ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
+        self._thread.start()
+        self._ready.wait(30)
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with CacheServer(self._store, ServerConfig(port=0)) as server:
+            self.port = server.port
+            self._ready.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self._loop.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+    app.command("stats")(stats_command)
+    app.command("explain")(explain_command)
+    app.command("demo")(demo_command)

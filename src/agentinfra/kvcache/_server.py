@@ -1,0 +1,399 @@
+"""The cache server: a `TieredStore` shared over the protocol in docs/protocol.md.
+
+- asyncio, one `FrameConnection` and one handler task per connection; requests on a
+  connection are handled in order (pipelining), store calls run in a bounded
+  executor so disk reads and checksums never block the loop.
+- Loopback by default. With a token file every connection must say HELLO with a
+  known token, and the token decides the tenant. Tenants are isolated by key
+  derivation: the store only ever sees ``sha256("AIKT" | tenant | key)``, and the
+  block headers are rewritten on the way in and out, so one tenant cannot name
+  another's blocks.
+- Any malformed, truncated or oversized frame gets an error frame and its
+  connection is closed; other connections are unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentinfra import __version__
+from agentinfra.errors import BlockFormatError, ConfigError, KVCacheError
+from agentinfra.kvcache._block import HEADER_BYTES, decode_header, parse_block
+from agentinfra.kvcache._framing import FrameConnection
+from agentinfra.kvcache._keys import BlockKey
+from agentinfra.kvcache._metrics import ServerMetrics, serve_metrics
+from agentinfra.kvcache._protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    FrameHeader,
+    Op,
+    ProtocolError,
+    Status,
+    block_prefix,
+    decode_blocks,
+    decode_hello,
+    decode_keys,
+    encode_error,
+    encode_header,
+    encode_json,
+    encode_u32,
+)
+from agentinfra.kvcache._store import TieredStore
+
+__all__ = ["CacheServer", "ServerConfig", "load_token_file", "tenant_key"]
+
+logger = logging.getLogger(__name__)
+_KEY_OFFSET = 48
+_U16 = struct.Struct("<H")
+_T = TypeVar("_T")
+_MAX_QUEUED_FRAMES = 64
+
+
+def tenant_key(tenant: str, key: bytes) -> BlockKey:
+    """The store key of a client's block ``key`` for ``tenant`` (docs/protocol.md section 5)."""
+    name = tenant.encode()
+    return BlockKey(hashlib.sha256(b"AIKT" + _U16.pack(len(name)) + name + key).digest())
+
+
+def load_token_file(path: Path) -> dict[str, str]:
+    """Reads ``TENANT TOKEN`` lines (a lone token means tenant ``default``); returns token -> tenant.
+
+    Raises:
+        ConfigError: the file is unreadable, empty, or names a token twice.
+    """
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror} (--token-file)") from None
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) > 2:
+            raise ConfigError(f"{path}:{number}: expected 'TENANT TOKEN' or 'TOKEN' (--token-file)")
+        tenant, token = fields if len(fields) == 2 else ("default", fields[0])
+        if token in tokens:
+            raise ConfigError(f"{path}:{number}: token given twice (--token-file)")
+        tokens[token] = tenant
+    if not tokens:
+        raise ConfigError(f"token file {path} holds no token (--token-file)")
+    return tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """How the cache server listens and what it allows."""
+
+    host: str = "127.0.0.1"
+    port: int = 7480
+    """0 picks a free port (see `CacheServer.port`)."""
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    tokens: Mapping[str, str] | None = None
+    """token -> tenant; None accepts any HELLO (its tenant as given, or ``default``)."""
+    request_timeout_s: float = 30.0
+    max_connections: int = 1024
+    workers: int = 4
+    """Threads that run store calls (disk reads, checksums)."""
+    metrics_port: int | None = None
+    """Port of the Prometheus ``/metrics`` endpoint on ``host``; None for none, 0 for any."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port={self.port} must be in 0..65535 (--port)")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError(
+                f"max_frame_bytes={self.max_frame_bytes} must be >= 1024 (--max-frame)"
+            )
+        if self.request_timeout_s <= 0 or self.workers < 1 or self.max_connections < 1:
+            raise ConfigError("request_timeout_s, workers and max_connections must be positive")
+
+
+class _Connection:
+    def __init__(self, server: CacheServer) -> None:
+        self.server = server
+        self.frames: asyncio.Queue[
+            tuple[FrameHeader, bytearray | memoryview] | ProtocolError | None
+        ] = asyncio.Queue()
+        self.tenant: str | None = None
+        self.paused = False
+        self._counted = (0, 0)
+        self.protocol = FrameConnection(
+            server.config.max_frame_bytes, self._on_frame, self._on_error, self._on_lost
+        )
+
+    def _on_frame(self, header: FrameHeader, payload: bytearray | memoryview) -> None:
+        self.frames.put_nowait((header, payload))
+        if self.frames.qsize() >= _MAX_QUEUED_FRAMES and not self.paused:
+            self.paused = True
+            self.protocol.pause_reading()
+
+    def _on_error(self, error: ProtocolError) -> None:
+        self.frames.put_nowait(error)
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        self.frames.put_nowait(None)
+
+    async def run(self) -> None:
+        metrics = self.server.metrics
+        metrics.connections.inc()
+        try:
+            while True:
+                item = await self.frames.get()
+                if self.paused and self.frames.qsize() < _MAX_QUEUED_FRAMES // 2:
+                    self.paused = False
+                    self.protocol.resume_reading()
+                if item is None:
+                    return
+                if isinstance(item, ProtocolError):
+                    await self._fail(0, item)
+                    return
+                header, payload = item
+                started = time.perf_counter()
+                try:
+                    pieces = await self._handle(header, payload)
+                except ProtocolError as exc:
+                    metrics.requests.labels(_op_name(header.op), exc.status.name).inc()
+                    await self._fail(header.request_id, exc)
+                    return
+                except KVCacheError as exc:
+                    metrics.requests.labels(_op_name(header.op), "UNAVAILABLE").inc()
+                    await self._fail(header.request_id, ProtocolError(Status.UNAVAILABLE, str(exc)))
+                    return
+                except Exception as exc:  # a bug: answer, log, close this connection only
+                    logger.exception("kv server: internal error handling %s", _op_name(header.op))
+                    await self._fail(header.request_id, ProtocolError(Status.INTERNAL, repr(exc)))
+                    return
+                size = sum(len(p) for p in pieces)
+                head = encode_header(Op(header.op), header.request_id, size, response=True)
+                await self.protocol.send([head, *pieces])
+                metrics.requests.labels(_op_name(header.op), "OK").inc()
+                self._count_bytes()
+                metrics.latency.labels(_op_name(header.op)).observe(time.perf_counter() - started)
+        except KVCacheError:
+            return  # the peer went away while we were writing
+        finally:
+            metrics.connections.dec()
+            self._count_bytes()
+            self.protocol.close()
+
+    def _count_bytes(self) -> None:
+        received, sent = self.protocol.bytes_received, self.protocol.bytes_sent
+        self.server.metrics.bytes_received.inc(received - self._counted[0])
+        self.server.metrics.bytes_sent.inc(sent - self._counted[1])
+        self._counted = (received, sent)
+
+    async def _fail(self, request_id: int, error: ProtocolError) -> None:
+        payload = encode_error(error.status, str(error).split(": ", 1)[-1])
+        with contextlib.suppress(KVCacheError):
+            self.protocol.write(
+                [encode_header(Op.ERROR, request_id, len(payload), response=True), payload]
+            )
+            await asyncio.wait_for(self.protocol.drain(), 5.0)
+        logger.info("kv server: closing a connection: %s", error)
+        self.protocol.close()
+
+    async def _handle(self, header: FrameHeader, payload: bytearray | memoryview) -> list[Any]:
+        op = Op(header.op)
+        if header.flags & 1:
+            raise ProtocolError(Status.BAD_FRAME, "a request must not carry the response flag")
+        if op is Op.HELLO:
+            return [self._hello(payload)]
+        if self.tenant is None:
+            raise ProtocolError(Status.UNAUTHORIZED, f"{op.name} before HELLO; send HELLO first")
+        tenant = self.tenant
+        store, call = self.server.store, self.server.call
+        if op is Op.LEADING_HITS:
+            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
+            self.server.metrics.queries.inc(len(keys))
+            inline = store.remote is None or self.server.in_memory(keys)
+            return [encode_u32(await call(store.leading_hits, keys, inline=inline))]
+        if op is Op.GET:
+            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
+            client_keys = decode_keys(payload)
+            blocks = await call(store.get, keys, inline=self.server.in_memory(keys))
+            self.server.metrics.queries.inc(len(keys))
+            self.server.metrics.hits.inc(len(blocks))
+            pieces: list[Any] = [encode_u32(len(blocks))]
+            for block, key in zip(blocks, client_keys, strict=False):
+                head = bytearray(memoryview(block.payload.obj)[:HEADER_BYTES])
+                head[_KEY_OFFSET:HEADER_BYTES] = key
+                pieces += [block_prefix(HEADER_BYTES + len(block.payload)), head, block.payload]
+            return pieces
+        if op is Op.PUT:
+            return [encode_u32(await call(self._put, tenant, payload))]
+        if op is Op.REMOVE:
+            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
+            return [encode_u32(await call(store.remove, keys))]
+        if op is Op.STATS:
+            if payload:
+                raise ProtocolError(Status.BAD_REQUEST, "STATS takes no payload")
+            stats = dataclasses.asdict(await call(store.stats))
+            stats["server"] = self.server.describe()
+            return [encode_json(stats)]
+        if op is Op.EXPLAIN:
+            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
+            explanation = await call(store.explain_keys, keys)
+            result = dataclasses.asdict(explanation)
+            if explanation.first_missing is not None:  # name the client's key, not the store's
+                result["key"] = decode_keys(payload)[explanation.first_missing].hex()
+            return [encode_json(result)]
+        raise ProtocolError(Status.UNKNOWN_OPCODE, f"opcode {op.name} is not a request")
+
+    def _hello(self, payload: bytearray | memoryview) -> bytes:
+        tenant, token = decode_hello(payload)
+        tokens = self.server.config.tokens
+        if tokens is not None:
+            granted = tokens.get(token)
+            if granted is None or (tenant and tenant != granted):
+                raise ProtocolError(
+                    Status.UNAUTHORIZED, "unknown token, or a tenant the token does not grant"
+                )
+            tenant = granted
+        self.tenant = tenant or "default"
+        return encode_json({**self.server.describe(), "tenant": self.tenant})
+
+    def _put(self, tenant: str, payload: bytearray | memoryview) -> int:
+        items: list[tuple[BlockKey, bytes]] = []
+        for view in decode_blocks(payload):
+            try:
+                header = decode_header(view)
+            except BlockFormatError as exc:
+                raise ProtocolError(Status.BAD_BLOCK, str(exc)) from None
+            if parse_block(view) is None:
+                raise ProtocolError(
+                    Status.BAD_BLOCK, f"block {header.key.hex()[:16]} fails its checksum"
+                )
+            key = tenant_key(tenant, header.key)
+            view[_KEY_OFFSET:HEADER_BYTES] = key
+            items.append((key, bytes(view)))
+        return self.server.store.put_encoded(items)
+
+
+def _op_name(op: int) -> str:
+    return Op(op).name if op in Op._value2member_map_ else str(op)
+
+
+class CacheServer:
+    """Serves one `TieredStore`; ``async with CacheServer(...)`` starts and stops it."""
+
+    def __init__(self, store: TieredStore, config: ServerConfig | None = None) -> None:
+        self.store = store
+        self.config = config or ServerConfig()
+        self.metrics = ServerMetrics(store)
+        self.port = self.config.port
+        self.metrics_port: int | None = None
+        self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="kv-store")
+        self._server: asyncio.Server | None = None
+        self._metrics_server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._connections: set[_Connection] = set()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "server": f"agentinfra {__version__}",
+            "protocol": PROTOCOL_VERSION,
+            "max_frame_bytes": self.config.max_frame_bytes,
+            "connections": len(self._connections),
+        }
+
+    def in_memory(self, keys: Sequence[BlockKey]) -> bool:
+        """True when every key is in the memory tier: the call needs no disk or network I/O.
+
+        Unlocked membership tests; a race only sends a call down the slower path.
+        """
+        memory = self.store.memory
+        return all(key in memory for key in keys)
+
+    async def call(self, function: Callable[..., _T], *args: Any, inline: bool = False) -> _T:
+        """Runs a store call: inline for memory-only work (an executor hop costs more
+        than the call), in the bounded executor when it may touch disk or the network."""
+        if inline:
+            return function(*args)
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, function, *args)
+        try:
+            return await asyncio.wait_for(future, self.config.request_timeout_s)
+        except TimeoutError:
+            raise ProtocolError(
+                Status.UNAVAILABLE, f"store call took over {self.config.request_timeout_s}s"
+            ) from None
+
+    def _accept(self) -> asyncio.BufferedProtocol:
+        connection = _Connection(self)
+        if len(self._connections) >= self.config.max_connections:
+            error = ProtocolError(
+                Status.UNAVAILABLE, f"over {self.config.max_connections} connections"
+            )
+            connection.frames.put_nowait(error)
+        self._connections.add(connection)
+        task = asyncio.get_running_loop().create_task(connection.run())
+        self._tasks.add(task)
+
+        def finished(done: asyncio.Task[None]) -> None:
+            self._tasks.discard(done)
+            self._connections.discard(connection)
+
+        task.add_done_callback(finished)
+        return connection.protocol
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                self._accept,
+                self.config.host,
+                self.config.port,
+                reuse_address=True,
+                family=socket.AF_INET,
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {self.config.host}:{self.config.port}: {exc.strerror} (--host/--port)"
+            ) from None
+        self.port = self._server.sockets[0].getsockname()[1]
+        if self.config.metrics_port is not None:
+            self._metrics_server = await serve_metrics(
+                self.metrics, self.config.host, self.config.metrics_port
+            )
+            self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        logger.info("kv server listening on %s:%d", self.config.host, self.port)
+
+    async def serve_forever(self) -> None:
+        if self._server is None:
+            await self.start()
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        """Stops accepting, closes every connection, waits for handlers, stops the executor."""
+        for server in (self._server, self._metrics_server):
+            if server is not None:
+                server.close()
+        for connection in list(self._connections):
+            connection.protocol.close()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        for server in (self._server, self._metrics_server):
+            if server is not None:
+                await server.wait_closed()
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> CacheServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
