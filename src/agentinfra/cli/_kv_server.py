@@ -7,7 +7,7 @@ import json
 import signal
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -57,6 +57,14 @@ def serve_command(
         Path | None, typer.Option("--disk-dir", help="Directory of the disk tier.")
     ] = None,
     disk: Annotated[str, typer.Option(help="Disk tier capacity.")] = "64GiB",
+    disk_admission: Annotated[
+        str,
+        typer.Option(
+            "--disk-admission",
+            help="When blocks go to disk: second-access (evicted after reuse), all (every evicted "
+            "block) or write-through (every put, so a restart keeps every acknowledged block).",
+        ),
+    ] = "write-through",
     redis: Annotated[
         str | None,
         typer.Option(help="Redis/Valkey URL of a shared tier, e.g. redis://127.0.0.1:6379/0."),
@@ -85,7 +93,16 @@ def serve_command(
     )
     disk_tier = DiskTier(disk_dir, parse_size(disk, knob="--disk")) if disk_dir else None
     remote = RedisTier(redis, cluster=redis_cluster) if redis else None
-    store = TieredStore(MemoryTier(parse_size(memory, knob="--memory")), disk_tier, remote=remote)
+    if disk_admission not in ("all", "second-access", "write-through"):
+        raise ConfigError(
+            f"--disk-admission {disk_admission!r} must be second-access, all or write-through"
+        )
+    store = TieredStore(
+        MemoryTier(parse_size(memory, knob="--memory")),
+        disk_tier,
+        remote=remote,
+        disk_admission=disk_admission,  # type: ignore[arg-type]
+    )
 
     async def run() -> None:
         server = CacheServer(store, config)
@@ -207,10 +224,10 @@ def demo_command(
     with tempfile.TemporaryDirectory(prefix="agentinfra-kv-demo-") as tmp:
         directory = Path(tmp) / "kv"
         writer = TieredStore(
-            MemoryTier(8 << 30), DiskTier(directory, 64 << 30), disk_admission="all"
+            MemoryTier(8 << 30), DiskTier(directory, 64 << 30), disk_admission="write-through"
         )
         if via == "disk":
-            cold = PrefixCachedModel(model, _Persisting(writer), namespace).prefill(ids)
+            cold = PrefixCachedModel(model, writer, namespace).prefill(ids)
             writer.close()
             # A fresh store over the same directory: nothing in memory, every block from disk.
             reader = TieredStore(MemoryTier(8 << 30), DiskTier(directory, 64 << 30))
@@ -241,25 +258,6 @@ def demo_command(
         f"{warm.ttft_s / cold.ttft_s:.1%} of recompute; max |logit difference| {diff:.2e}",
         highlight=False,
     )
-
-
-class _Persisting:
-    """Writes through to disk at once, so a second store over the directory sees every block."""
-
-    def __init__(self, store: TieredStore) -> None:
-        self.store = store
-
-    def leading_hits(self, keys: Any) -> int:
-        return self.store.leading_hits(keys)
-
-    def get(self, keys: Any) -> Any:
-        return self.store.get(keys)
-
-    def put_encoded(self, items: Any) -> int:
-        stored = self.store.put_encoded(items)
-        assert self.store.disk is not None
-        self.store.disk.put(list(items))
-        return stored
 
 
 class _ServerThread:

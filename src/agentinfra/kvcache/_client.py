@@ -51,6 +51,7 @@ class AsyncCacheClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[tuple[FrameHeader, bytearray | memoryview]]] = {}
         self._failure: Exception | None = None
+        self.max_frame_bytes = max_frame_bytes
         self._protocol = FrameConnection(
             max_frame_bytes, self._on_frame, self._on_error, self._on_lost
         )
@@ -87,8 +88,10 @@ class AsyncCacheClient:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            client.server_info = decode_json(
-                await client._request(Op.HELLO, [encode_hello(tenant, token)])
+            info = decode_json(await client._request(Op.HELLO, [encode_hello(tenant, token)]))
+            client.server_info = info
+            client.max_frame_bytes = min(
+                max_frame_bytes, int(info.get("max_frame_bytes", max_frame_bytes))
             )
         except BaseException:
             await client.close()
@@ -138,15 +141,26 @@ class AsyncCacheClient:
         if into is not None:
             self._protocol.sinks[request_id] = memoryview(into).cast("B")
         size = sum(len(p) for p in pieces)
+        if size > self.max_frame_bytes:
+            raise ConfigError(
+                f"{op.name} of {size} bytes is over the server's maximum frame "
+                f"{self.max_frame_bytes}; send fewer blocks at once (kv serve --max-frame)"
+            )
         try:
             await self._protocol.send([encode_header(op, request_id, size), *pieces])
             header, payload = await asyncio.wait_for(future, self.timeout_s)
-        except TimeoutError:
+        except BaseException as exc:
             self._pending.pop(request_id, None)
             self._protocol.sinks.pop(request_id, None)
-            raise TierUnavailableError(
-                f"the kv server did not answer {op.name} within {self.timeout_s}s (timeout_s)"
-            ) from None
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # retrieved: the caller gets `exc` instead
+            if isinstance(exc, TimeoutError):
+                raise TierUnavailableError(
+                    f"the kv server did not answer {op.name} within {self.timeout_s}s (timeout_s)"
+                ) from None
+            raise
         if header.op == Op.ERROR:
             raise decode_error(payload)
         if header.op != op:
@@ -168,25 +182,45 @@ class AsyncCacheClient:
 
         ``into``: a buffer the answer is received into without another allocation
         (an engine's staging buffer); the blocks are views of it, valid until the
-        buffer is reused. Too small a buffer is ignored.
+        buffer is reused. Too small a buffer is ignored. A run larger than the
+        server's maximum frame comes back in several answers.
         """
-        views = decode_blocks(await self._request(Op.GET, [encode_keys(keys)], into))
         blocks: list[Block] = []
-        for key, view in zip(keys, views, strict=False):
-            block = parse_block(view, expected_key=key)
-            if block is None:
+        while len(blocks) < len(keys):
+            wanted = keys[len(blocks) :]
+            views = decode_blocks(await self._request(Op.GET, [encode_keys(wanted)], into))
+            into = None  # the first answer's blocks live there
+            for key, view in zip(wanted, views, strict=False):
+                block = parse_block(view, expected_key=key)
+                if block is None:
+                    return blocks
+                blocks.append(block)
+            if not views or len(views) == len(wanted):
                 break
-            blocks.append(block)
         return blocks
 
     async def put_encoded(
         self, items: Sequence[tuple[BlockKey, bytes | bytearray | memoryview]]
     ) -> int:
-        """Stores encoded blocks (a chain, in order); returns how many the server's memory holds."""
-        pieces: list[bytes | bytearray | memoryview] = [encode_u32(len(items))]
+        """Stores encoded blocks (a chain, in order); returns how many the server's memory holds.
+
+        Split into frames under the server's maximum frame size.
+        """
+        stored = 0
+        batch: list[bytes | bytearray | memoryview] = []
+        size = 4
         for _, data in items:
-            pieces += [block_prefix(len(data)), data]
-        return decode_u32(await self._request(Op.PUT, pieces))
+            if batch and size + 8 + len(data) > self.max_frame_bytes:
+                stored += await self._put_batch(batch)
+                batch, size = [], 4
+            batch += [block_prefix(len(data)), data]
+            size += 8 + len(data)
+        if batch:
+            stored += await self._put_batch(batch)
+        return stored
+
+    async def _put_batch(self, pieces: list[bytes | bytearray | memoryview]) -> int:
+        return decode_u32(await self._request(Op.PUT, [encode_u32(len(pieces) // 2), *pieces]))
 
     async def put(self, keys: Sequence[BlockKey], kvs: Sequence[Any]) -> int:
         """Encodes one KV tensor per key and stores the chain."""

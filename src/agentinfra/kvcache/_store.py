@@ -6,6 +6,8 @@
 - A disk hit is promoted into memory; a block evicted from memory is demoted to
   disk instead of dropped when it has shown reuse (read at least once, or
   ``disk_admission="all"``) or belongs to a session that is waiting on a tool.
+  ``disk_admission="write-through"`` also writes every `put` to disk at once, so
+  a store (or cache server) killed and restarted finds every block it acknowledged.
 - Agent sessions pin their blocks while a turn is active; between turns the
   blocks get a time-to-live after which they are demoted to disk (never simply
   dropped), and `Session.begin_turn` prefetches them back.
@@ -142,12 +144,14 @@ class TieredStore:
         disk: DiskTier | None = None,
         *,
         remote: Tier | None = None,
-        disk_admission: Literal["all", "second-access"] = "second-access",
+        disk_admission: Literal["all", "second-access", "write-through"] = "second-access",
         clock: Callable[[], float] = time.monotonic,
         history_limit: int = 100_000,
     ) -> None:
-        if disk_admission not in ("all", "second-access"):
-            raise ConfigError(f"disk_admission={disk_admission!r} must be 'all' or 'second-access'")
+        if disk_admission not in ("all", "second-access", "write-through"):
+            raise ConfigError(
+                f"disk_admission={disk_admission!r} must be 'all', 'second-access' or 'write-through'"
+            )
         self.memory = memory
         self.disk = disk
         self.remote = remote
@@ -297,6 +301,11 @@ class TieredStore:
                 self._uses[key] = self._uses.get(key, 0) + 1
                 self._quarantined.discard(key)
             stored = len(self._put_memory(list(items), parents))
+            if self._disk_admission == "write-through" and self.disk is not None:
+                for dropped, _ in self.disk.put(list(items), parents).evicted:
+                    self._record(
+                        dropped, self._clock(), self.disk.name, self.disk.policy_name, None
+                    )
             if self.remote is not None:
                 self.remote.put(list(items), parents)
             return stored
@@ -314,7 +323,7 @@ class TieredStore:
         return result.stored
 
     def _demote_or_drop(self, key: BlockKey, data: bytes | None, now: float) -> None:
-        reused = self._uses.pop(key, 0) >= 2 or self._disk_admission == "all"
+        reused = self._uses.pop(key, 0) >= 2 or self._disk_admission != "second-access"
         demote = self.disk is not None and data is not None and (reused or key in self._protected)
         if demote and self.disk is not None and data is not None:
             for dropped, _ in self.disk.put([(key, data)]).evicted:

@@ -1,0 +1,51 @@
+"""Service fixtures: real `redis-server` processes on loopback ports (`.ci/run` installs Redis)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from services import free_port, start_redis, stop
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh single-node Redis; the test may kill it (``stop``)."""
+    port = free_port()
+    process = start_redis(tmp_path / "redis", port)
+    yield f"redis://127.0.0.1:{port}/0"
+    stop(process)
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
+    """A 3-node Redis cluster (no replicas) on loopback, created with redis-cli."""
+    ports = [free_port() for _ in range(3)]
+    nodes = [
+        (port, start_redis(tmp_path / f"node{port}", port, "--cluster-enabled", "yes",
+                           "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+        for port in ports
+    ]  # fmt: skip
+    try:
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            states = [
+                subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"], capture_output=True,
+                               text=True, timeout=5).stdout
+                for p in ports
+            ]  # fmt: skip
+            if all("cluster_state:ok" in s for s in states):
+                break
+            time.sleep(0.2)
+        yield nodes
+    finally:
+        for _, process in nodes:
+            stop(process)

@@ -1,0 +1,322 @@
+"""The cache server end to end: real sockets, real subprocesses, fuzzed frames, kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from services import free_port
+
+from agentinfra.errors import TierUnavailableError
+from agentinfra.kvcache import (
+    CacheClient,
+    CacheServer,
+    MemoryTier,
+    Namespace,
+    Op,
+    ProtocolError,
+    ServerConfig,
+    Status,
+    TieredStore,
+    block_keys,
+    encode_block,
+)
+from agentinfra.kvcache._protocol import HEADER, decode_error, encode_header, encode_hello
+
+NS = Namespace(model_id="test-model", kv_dtype="float32", block_size_tokens=16)
+
+
+class ServerThread:
+    """A `CacheServer` on its own loop and thread, so a test's sync clients can talk to it."""
+
+    def __init__(self, store: TieredStore, **config: object) -> None:
+        self.store = store
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.server: CacheServer | None = None
+        self._config = ServerConfig(port=0, **config)  # type: ignore[arg-type]
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with CacheServer(self.store, self._config) as server:
+            self.server = server
+            self._ready.set()
+            await self._stop.wait()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    def close(self) -> None:
+        assert self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    thread = ServerThread(TieredStore(MemoryTier(256 << 20)), metrics_port=0)
+    yield thread
+    thread.close()
+
+
+def chain(tokens: int = 64, seed: int = 0, ns: Namespace = NS) -> tuple[list[bytes], list[bytes]]:
+    rng = np.random.default_rng(seed)
+    keys = block_keys(ns, rng.integers(0, 50_000, tokens))
+    blocks = [encode_block(k, rng.random((2, 2, 16, 2, 8), dtype=np.float32)) for k in keys]
+    return list(keys), blocks
+
+
+def test_roundtrip_isolation_stats_explain_and_metrics(server: ServerThread) -> None:
+    keys, blocks = chain()
+    with (
+        CacheClient("127.0.0.1", server.port, tenant="a") as a,
+        CacheClient("127.0.0.1", server.port, tenant="b") as b,
+    ):
+        assert a.put_encoded(list(zip(keys, blocks, strict=True))) == 4
+        assert a.leading_hits(keys) == 4
+        got = a.get(keys)
+        assert [bytes(g.payload) for g in got] == [blk[80:] for blk in blocks]
+        assert [g.header.key for g in got] == keys  # headers carry the client's keys
+        assert b.leading_hits(keys) == 0
+        assert b.get(keys) == []
+        explanation = b.explain_keys(keys)
+        assert explanation["reason"] == "never_stored"
+        assert explanation["key"] == keys[0].hex()
+        assert a.explain_keys(keys)["hit_blocks"] == 4
+        assert a.remove(keys[2:]) == 2
+        assert a.leading_hits(keys) == 2
+        stats = a.stats()
+        assert stats["tiers"][0]["name"] == "memory"
+        assert stats["tiers"][0]["blocks"] == 2
+        assert stats["server"]["connections"] == 2
+    assert server.server is not None
+    assert server.server.metrics_port
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{server.server.metrics_port}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
+    assert "agentinfra_kv_prefix_cache_queries_blocks_total 20.0" in text  # 5 calls x 4 keys
+    assert 'agentinfra_kv_tier_blocks{tier="memory"} 2.0' in text
+    assert 'agentinfra_kv_requests_total{op="GET",status="OK"} 2.0' in text
+    assert "agentinfra_kv_request_seconds_bucket" in text
+    assert 'agentinfra_kv_misses_total{reason="never_stored"} 1.0' in text
+
+
+def test_tokens_are_required_and_decide_the_tenant() -> None:
+    thread = ServerThread(TieredStore(MemoryTier(64 << 20)), tokens={"good": "team-a"})
+    try:
+        with pytest.raises(ProtocolError) as caught:
+            CacheClient("127.0.0.1", thread.port, token="wrong")
+        assert caught.value.status is Status.UNAUTHORIZED
+        with pytest.raises(ProtocolError):
+            CacheClient("127.0.0.1", thread.port, tenant="team-b", token="good")
+        with CacheClient("127.0.0.1", thread.port, token="good") as client:
+            assert client.server_info["tenant"] == "team-a"
+        with socket.create_connection(("127.0.0.1", thread.port)) as raw:  # no HELLO first
+            raw.sendall(encode_header(Op.STATS, 9, 0))
+            assert _read_error(raw).status is Status.UNAUTHORIZED
+    finally:
+        thread.close()
+
+
+def _read_error(raw: socket.socket) -> ProtocolError:
+    raw.settimeout(5)
+    data = b""
+    while True:
+        chunk = raw.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    offset = 0
+    while offset + HEADER.size <= len(data):  # skip answers (HELLO) before the error
+        magic, _v, op, _f, _rid, length, _r = HEADER.unpack_from(data, offset)
+        assert magic == b"AIKP"
+        if op == Op.ERROR:
+            return decode_error(data[offset + HEADER.size : offset + HEADER.size + length])
+        offset += HEADER.size + length
+    raise AssertionError("the server closed without an error frame")
+
+
+def test_oversized_truncated_and_garbage_frames_close_only_their_connection() -> None:
+    thread = ServerThread(TieredStore(MemoryTier(64 << 20)), max_frame_bytes=8192)
+    keys, blocks = chain()
+    try:
+        with CacheClient("127.0.0.1", thread.port) as good:
+            good.put_encoded(list(zip(keys, blocks, strict=True))[:1])
+            with socket.create_connection(("127.0.0.1", thread.port)) as raw:
+                raw.sendall(encode_header(Op.GET, 1, 10_000))
+                assert _read_error(raw).status is Status.FRAME_TOO_LARGE
+            with socket.create_connection(("127.0.0.1", thread.port)) as raw:
+                raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert _read_error(raw).status is Status.BAD_FRAME
+            with socket.create_connection(("127.0.0.1", thread.port)) as raw:
+                raw.sendall(encode_header(Op.PUT, 1, 1000) + b"x" * 10)  # then hang up
+            hello = encode_hello("", "")
+            with socket.create_connection(("127.0.0.1", thread.port)) as raw:
+                bad_put = b"\x01\x00\x00\x00" + (99).to_bytes(8, "little") + b"short"
+                raw.sendall(encode_header(Op.HELLO, 1, len(hello)) + hello)
+                raw.sendall(encode_header(Op.PUT, 2, len(bad_put)) + bad_put)
+                time.sleep(0.2)
+                assert _read_error(raw).status is Status.BAD_REQUEST
+            with socket.create_connection(("127.0.0.1", thread.port)) as raw:
+                corrupt = bytearray(blocks[0])
+                corrupt[-1] ^= 0xFF
+                body = b"\x01\x00\x00\x00" + len(corrupt).to_bytes(8, "little") + corrupt
+                raw.sendall(encode_header(Op.HELLO, 1, len(hello)) + hello)
+                raw.sendall(encode_header(Op.PUT, 2, len(body)) + body)
+                assert _read_error(raw).status is Status.BAD_BLOCK
+            assert good.leading_hits(keys) == 1  # the well-behaved client never noticed
+    finally:
+        thread.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(garbage=st.binary(min_size=1, max_size=300), with_hello=st.booleans())
+def test_fuzzed_frames_never_hurt_other_clients(
+    server: ServerThread, garbage: bytes, with_hello: bool
+) -> None:
+    hello = encode_hello("", "")
+    with CacheClient("127.0.0.1", server.port) as good:
+        with socket.create_connection(("127.0.0.1", server.port)) as raw:
+            if with_hello:
+                raw.sendall(encode_header(Op.HELLO, 1, len(hello)) + hello)
+            raw.sendall(garbage)
+            raw.shutdown(socket.SHUT_WR)
+            raw.settimeout(5)
+            while raw.recv(65536):  # the server answers (or not) and closes
+                pass
+        assert good.stats()["server"]["protocol"] == 1
+
+
+def test_pipelined_requests_from_many_tasks(server: ServerThread) -> None:
+    from agentinfra.kvcache import AsyncCacheClient
+
+    async def run() -> None:
+        client = await AsyncCacheClient.connect("127.0.0.1", server.port)
+        chains = [chain(64, seed) for seed in range(20)]
+        await asyncio.gather(*(client.put_encoded(list(zip(k, b, strict=True))) for k, b in chains))
+        results = await asyncio.gather(*(client.get(k) for k, _ in chains))
+        for (_keys, blocks), got in zip(chains, results, strict=True):
+            assert [bytes(g.payload) for g in got] == [b[80:] for b in blocks]
+        buffer = bytearray(1 << 20)
+        got = await client.get(chains[0][0], into=buffer)
+        assert got[0].payload.obj is buffer or bytes(got[0].payload) == chains[0][1][0][80:]
+        await client.close()
+
+    asyncio.run(run())
+
+
+def _serve(port: int, disk: Path, *extra: str) -> subprocess.Popen[bytes]:
+    log = disk.parent / f"serve-{port}.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agentinfra", "kv", "serve", "--port", str(port), "--disk-dir", str(disk),
+             "--memory", "1GiB", "--disk", "4GiB", "--metrics-port", str(free_port()), *extra],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return process
+        except OSError:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.1)
+    raise AssertionError("kv serve did not start")
+
+
+@pytest.mark.slow
+def test_kill_mid_transfer_then_restart_keeps_the_disk_tier(tmp_path: Path) -> None:
+    port = free_port()
+    process = _serve(port, tmp_path / "kv")
+    rng = np.random.default_rng(1)
+    ns = Namespace(model_id="big", kv_dtype="float32", block_size_tokens=1024)
+    keys = block_keys(ns, rng.integers(0, 1000, 8192))
+    kv = rng.random((4, 2, 1024, 8, 128), dtype=np.float32)  # 32 MiB per block
+    items = [(k, encode_block(k, kv)) for k in keys]
+    with CacheClient("127.0.0.1", port) as client:
+        client.put_encoded(items)
+    outcomes: list[object] = []
+
+    def reader() -> None:
+        try:
+            with CacheClient("127.0.0.1", port) as client:
+                for _ in range(50):
+                    outcomes.append(len(client.get(keys)))
+        except TierUnavailableError as exc:
+            outcomes.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    time.sleep(1.0)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(10)
+    thread.join(30)
+    assert isinstance(outcomes[-1], TierUnavailableError), outcomes[-3:]
+    assert all(
+        o in (0, len(keys)) or isinstance(o, Exception) for o in outcomes
+    )  # every GET verified
+    process = _serve(port, tmp_path / "kv")
+    try:
+        with CacheClient("127.0.0.1", port) as client:
+            got = client.get(keys)
+            assert len(got) == len(keys)
+            assert all(bytes(g.payload) == items[0][1][80:] for g in got)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+
+
+def test_unreachable_server_is_one_clear_error() -> None:
+    port = free_port()
+    with pytest.raises(TierUnavailableError, match=f"127.0.0.1:{port}.*kv serve"):
+        CacheClient("127.0.0.1", port, timeout_s=2)
+
+
+@pytest.mark.service
+def test_server_keeps_serving_when_redis_dies(tmp_path: Path, redis_url: str) -> None:
+    from agentinfra.kvcache import RedisTier
+
+    remote = RedisTier(redis_url, retry_after_s=0.5, socket_timeout_s=1)
+    thread = ServerThread(TieredStore(MemoryTier(64 << 20), remote=remote))
+    keys, blocks = chain()
+    try:
+        with CacheClient("127.0.0.1", thread.port) as client:
+            client.put_encoded(list(zip(keys, blocks, strict=True)))
+            assert remote.stats().blocks >= 4  # written through to Redis
+            port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "shutdown", "nosave"],
+                capture_output=True,
+                timeout=10,
+            )
+            assert len(client.get(keys)) == 4  # memory still serves
+            other, more = chain(seed=7)
+            client.put_encoded(list(zip(other, more, strict=True)))  # Redis rejects, memory keeps
+            assert client.leading_hits(other) == 4
+            assert remote.errors >= 1
+    finally:
+        thread.close()
