@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from services import free_port, start_redis, stop
+from services import free_cluster_port, free_port, start_redis, stop
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
     """A 3-node Redis cluster (no replicas) on loopback, created with redis-cli."""
-    ports = [free_port() for _ in range(3)]
+    ports = [free_cluster_port() for _ in range(3)]
     nodes = [
         (port, start_redis(tmp_path / f"node{port}", port, "--cluster-enabled", "yes",
                            "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))

@@ -17,6 +17,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A port ``p`` with ``p + 10000`` free too (Redis cluster's bus port), below 55536."""
+    import random
+
+    for _ in range(200):
+        port = random.randint(20_000, 30_000)
+        try:
+            for candidate in (port, port + 10_000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis cluster node")
+
+
 def _wait_for_port(port: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

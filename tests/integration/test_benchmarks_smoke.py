@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["bench_lookup.py", "bench_replay.py"])
+@pytest.mark.parametrize("script", ["bench_lookup.py", "bench_replay.py", "bench_transfer.py"])
 def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     args = [sys.executable, script, "--smoke"]
     if script == "bench_replay.py":
@@ -31,6 +31,10 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     assert all("git" in r and "python" in r for r in records)
     if script == "bench_lookup.py":
         assert records[0]["leading_hits_ms"] > 0
+    elif script == "bench_transfer.py":
+        paths = {r["path"] for r in records}
+        assert {"raw_socket", "server_get_into", "redis_tier_get", "disk_tier_get_into"} <= paths
+        assert all(r["gb_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in records)
     else:
         hit = [r for r in records if r["bench"] == "replay_hit_rate"]
         assert all(0 <= r["hit_rate"] <= r["belady_hit_rate"] + 1e-9 for r in hit)
