@@ -59,6 +59,7 @@ _KEY_OFFSET = 48
 _U16 = struct.Struct("<H")
 _T = TypeVar("_T")
 _MAX_QUEUED_FRAMES = 64
+_LARGE_RESPONSE = 1024 * 1024
 
 
 def tenant_key(tenant: str, key: bytes) -> BlockKey:
@@ -107,6 +108,8 @@ class ServerConfig:
     max_connections: int = 1024
     workers: int = 4
     """Threads that run store calls (disk reads, checksums)."""
+    concurrent_sends: int = 4
+    """Large (>= 1 MiB) answers written at once; more interleave and thrash the caches."""
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint on ``host``; None for none, 0 for any."""
 
@@ -178,7 +181,11 @@ class _Connection:
                     return
                 size = sum(len(p) for p in pieces)
                 head = encode_header(Op(header.op), header.request_id, size, response=True)
-                await self.protocol.send([head, *pieces])
+                if size >= _LARGE_RESPONSE:  # bounded: a few large sends at a time, not 64
+                    async with self.server.sending:
+                        await self.protocol.send([head, *pieces])
+                else:
+                    await self.protocol.send([head, *pieces])
                 metrics.requests.labels(_op_name(header.op), "OK").inc()
                 self._count_bytes()
                 metrics.latency.labels(_op_name(header.op)).observe(time.perf_counter() - started)
@@ -308,6 +315,7 @@ class CacheServer:
         self._metrics_server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[_Connection] = set()
+        self.sending = asyncio.Semaphore(self.config.concurrent_sends)
 
     def describe(self) -> dict[str, Any]:
         return {
