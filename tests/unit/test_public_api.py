@@ -126,7 +126,15 @@ EXPECTED: dict[str, list[str]] = {
         "probe_sandbox_mode",
         "static_findings",
     ],
-    "agentinfra.agent": [],
+    "agentinfra.agent": [
+        "ModelProfile",
+        "PROFILES",
+        "ParsedReply",
+        "ToolCall",
+        "parse_minimax_reply",
+        "profile_for",
+        "split_reasoning",
+    ],
     "agentinfra.cli": ["app", "main"],
 }
 
