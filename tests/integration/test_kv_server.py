@@ -252,6 +252,16 @@ def _serve(port: int, disk: Path, *extra: str) -> subprocess.Popen[bytes]:
 def test_kill_mid_transfer_then_restart_keeps_the_disk_tier(tmp_path: Path) -> None:
     port = free_port()
     process = _serve(port, tmp_path / "kv")
+    try:
+        _kill_mid_transfer_then_restart(port, process, tmp_path)
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def _kill_mid_transfer_then_restart(
+    port: int, process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
     rng = np.random.default_rng(1)
     ns = Namespace(model_id="big", kv_dtype="float32", block_size_tokens=1024)
     keys = block_keys(ns, rng.integers(0, 1000, 8192))
