@@ -1,21 +1,50 @@
 """The agent loop over OpenAI-compatible models, tool-call formats and training-data export.
 
-Built so far (issue 5, in progress): MiniMax XML tool-call parsing and reasoning
-splitting (`_toolcalls`), per-family sampling profiles (`_profiles`). The loop,
-tools, budgets, resume and export are not built yet.
+- `AgentLoop` drives one agent through a `ModelClient` (the official `openai`
+  client, retries honouring Retry-After, an `EndpointLimiter` shared per endpoint)
+  with `Tool`s, budgets and context management, journalled in a `Transcript` so
+  a crashed run resumes from its last completed turn.
+- `parse_minimax_reply`: MiniMax XML tool calls and reasoning in raw text.
+- `ModelProfile`: sampling defaults per model family (MiniMax: 1.0 / 0.95 / top_k 40).
+- `ScriptedModelServer`: an OpenAI-compatible server on loopback for tests and demos.
 
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
+from agentinfra.agent._loop import (
+    AgentLoop,
+    AgentOutcome,
+    LoopConfig,
+    Transcript,
+    read_transcript_config,
+)
+from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
+from agentinfra.agent._scripted import Reply, ScriptedModelServer
 from agentinfra.agent._toolcalls import ParsedReply, ToolCall, parse_minimax_reply, split_reasoning
+from agentinfra.agent._tools import Tool, ToolError, tool_schemas, workspace_tools
 
 __all__ = [
+    "AgentLoop",
+    "AgentOutcome",
+    "Completion",
+    "EndpointLimiter",
+    "LoopConfig",
+    "ModelClient",
     "ModelProfile",
     "PROFILES",
     "ParsedReply",
+    "Reply",
+    "ScriptedModelServer",
+    "Tool",
     "ToolCall",
+    "ToolError",
+    "Transcript",
+    "Usage",
     "parse_minimax_reply",
     "profile_for",
+    "read_transcript_config",
     "split_reasoning",
+    "tool_schemas",
+    "workspace_tools",
 ]

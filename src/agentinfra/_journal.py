@@ -1,0 +1,156 @@
+"""Journals: append-only JSON lines, one versioned event each, fsync'd before acknowledged.
+
+Each line is ``{"v": 1, "seq": N, "wall_s": ..., "mono_s": ..., "type": ..., "data": {...}}``.
+``seq`` counts from 0 without gaps. Replaying the journal rebuilds all run state.
+
+Invariants: an event is acknowledged (``append`` returns) only after its line is
+written and fsync'd, so an acknowledged event survives kill -9 and power loss. A
+torn last line (a crash mid-write) is detected on open, dropped with a warning and
+truncated away; a malformed line anywhere else, a gap in ``seq`` or an event from
+a newer schema is an error that changes nothing. A full disk is reported as an
+error, never swallowed. Errors are raised as the subclass's ``error_class``: the
+run journal (`harness`) raises `HarnessError`, the agent transcript `AgentError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from agentinfra.errors import AgentInfraError
+
+__all__ = ["JOURNAL_SCHEMA_VERSION", "Event", "Journal"]
+
+logger = logging.getLogger(__name__)
+
+JOURNAL_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal event."""
+
+    seq: int
+    wall_s: float
+    mono_s: float
+    type: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_line(self) -> bytes:
+        body = {
+            "v": JOURNAL_SCHEMA_VERSION,
+            "seq": self.seq,
+            "wall_s": self.wall_s,
+            "mono_s": self.mono_s,
+            "type": self.type,
+            "data": self.data,
+        }
+        return (json.dumps(body, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def _parse(line: bytes, where: str, error: type[AgentInfraError]) -> Event:
+    try:
+        body = json.loads(line)
+    except ValueError:
+        raise error(f"{where}: journal line is not JSON") from None
+    if not isinstance(body, dict) or not isinstance(body.get("v"), int):
+        raise error(f"{where}: journal line has no schema version")
+    if body["v"] > JOURNAL_SCHEMA_VERSION:
+        raise error(
+            f"{where}: journal schema version {body['v']} is newer than this agentinfra reads "
+            f"({JOURNAL_SCHEMA_VERSION}); upgrade agentinfra"
+        )
+    try:
+        return Event(
+            int(body["seq"]),
+            float(body["wall_s"]),
+            float(body["mono_s"]),
+            str(body["type"]),
+            dict(body.get("data") or {}),
+        )
+    except (KeyError, TypeError, ValueError):
+        raise error(f"{where}: journal line lacks seq, wall_s, mono_s or type") from None
+
+
+class Journal:
+    error_class: ClassVar[type[AgentInfraError]] = AgentInfraError
+    """An open journal file; one writer at a time (the run's lock guarantees it)."""
+
+    def __init__(self, path: Path, events: list[Event], fd: int, size: int) -> None:
+        self.path = path
+        self.events = events
+        self._fd = fd
+        self._size = size
+
+    @classmethod
+    def open(cls, path: Path) -> Self:
+        """Opens (creating if absent) and replays ``path``.
+
+        Raises:
+            error_class: corrupt line before the last, a gap in seq, or a newer schema.
+        """
+        raw = path.read_bytes() if path.exists() else b""
+        lines = raw.split(b"\n")
+        events: list[Event] = []
+        good_bytes = 0
+        for number, line in enumerate(lines, start=1):
+            is_last = number == len(lines) or (number == len(lines) - 1 and lines[-1] == b"")
+            if not line:
+                continue
+            try:
+                event = _parse(line, f"{path}:{number}", cls.error_class)
+            except cls.error_class:
+                if is_last and not raw.endswith(b"\n"):
+                    logger.warning(
+                        "%s:%d: dropping a torn last journal line (%d bytes)",
+                        path,
+                        number,
+                        len(line),
+                    )
+                    break
+                raise
+            if event.seq != len(events):
+                raise cls.error_class(
+                    f"{path}:{number}: journal seq {event.seq}, expected {len(events)}"
+                )
+            events.append(event)
+            good_bytes += len(line) + 1
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if good_bytes != len(raw):
+            os.ftruncate(fd, good_bytes)
+            os.fsync(fd)
+        os.lseek(fd, 0, os.SEEK_END)
+        return cls(path, events, fd, good_bytes)
+
+    def append(self, type_: str, data: dict[str, Any] | None = None) -> Event:
+        """Writes one event and fsyncs it; returns it once durable.
+
+        Raises:
+            error_class: the write or fsync failed (a full disk included); nothing is acknowledged.
+        """
+        event = Event(len(self.events), time.time(), time.monotonic(), type_, data or {})
+        line = event.to_line()
+        try:
+            written = os.write(self._fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, "short write")
+            os.fsync(self._fd)
+        except OSError as exc:
+            # Roll back a partial line so the journal stays parseable.
+            os.ftruncate(self._fd, self._size)
+            os.lseek(self._fd, 0, os.SEEK_END)
+            raise self.error_class(
+                f"cannot write journal {self.path}: {exc.strerror or exc}; free disk space and resume the run"
+            ) from None
+        self._size += len(line)
+        self.events.append(event)
+        return event
+
+    def close(self) -> None:
+        os.close(self._fd)

@@ -1,0 +1,440 @@
+"""The agent loop: model call, tool calls, repeat, within budgets, journalled for resume.
+
+One turn is one model call and the tool calls it asked for. Every model reply
+and every tool call (start and result) is journalled in the transcript before
+the loop moves on, so a crashed run resumes from its last completed turn:
+the model is never called again for a turn it already answered, and a tool call
+whose result is journalled is never run again. A call that started but has no
+result is run again on resume; every shipped tool is idempotent (files are
+overwritten whole, submissions are content-addressed), and a tool that is not
+must say so in its description.
+
+Context management: before each call the history's size is estimated. Over
+``trim_at`` of the context length, tool outputs older than the recent turns are
+shortened; if that is not enough, the oldest whole turns are dropped. The system
+prompt and the task are always kept. What was shortened or dropped is journalled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agentinfra._journal import Journal
+from agentinfra.agent._model import Completion, ModelClient, Usage
+from agentinfra.agent._toolcalls import parse_minimax_reply
+from agentinfra.agent._tools import Tool, ToolError, tool_schemas
+from agentinfra.errors import AgentError, ConfigError
+
+__all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript", "read_transcript_config"]
+
+logger = logging.getLogger(__name__)
+_CHARS_PER_TOKEN = 3.5
+
+
+class Transcript(Journal):
+    """The agent's journal (``agent/transcript.jsonl`` in a run directory)."""
+
+    error_class = AgentError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoopConfig:
+    """One agent's model, endpoint and budgets. Stored in the transcript's first event."""
+
+    model: str
+    base_url: str
+    api_key_env: str = "OPENAI_API_KEY"
+    stream: bool = True
+    max_turns: int | None = 200
+    max_tokens: int | None = None
+    """Prompt plus completion tokens over the whole run."""
+    max_cost_usd: float | None = None
+    wall_hours: float = 12.0
+    context_tokens: int = 196_608
+    max_output_tokens: int | None = None
+    max_tool_result_chars: int = 20_000
+    keep_recent_turns: int = 4
+    trim_at: float = 0.8
+    price_in_per_mtok: float | None = None
+    price_out_per_mtok: float | None = None
+    request_timeout_s: float = 600.0
+    max_retries: int = 6
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("model must not be empty (--model)")
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"base_url {self.base_url!r} must start with http:// or https:// (--base-url)"
+            )
+        for name in ("max_turns", "max_tokens", "context_tokens", "max_tool_result_chars"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}={value} must be >= 1 (--{name.replace('_', '-')})")
+        if self.wall_hours <= 0:
+            raise ConfigError(f"wall_hours={self.wall_hours} must be > 0 (--hours)")
+        if self.max_cost_usd is not None and (
+            self.price_in_per_mtok is None or self.price_out_per_mtok is None
+        ):
+            raise ConfigError(
+                f"a cost budget needs prices for model {self.model!r}: --price-in and --price-out "
+                "(USD per million tokens) or an entry in --prices"
+            )
+
+    def cost(self, usage: Usage) -> float | None:
+        if self.price_in_per_mtok is None or self.price_out_per_mtok is None:
+            return None
+        return (
+            usage.prompt_tokens * self.price_in_per_mtok
+            + usage.completion_tokens * self.price_out_per_mtok
+        ) / 1e6
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoopConfig:
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOutcome:
+    stop_reason: str
+    """``done`` (the model answered without a tool call), ``max_turns``, ``max_tokens``,
+    ``max_cost``, ``wall_time``, or ``stopped``."""
+    turns: int
+    usage: Usage
+    cost_usd: float | None
+
+
+class AgentLoop:
+    """Drives one agent on one task; `run` starts or resumes it from its transcript."""
+
+    def __init__(
+        self,
+        *,
+        config: LoopConfig,
+        client: ModelClient,
+        tools: Sequence[Tool],
+        system_prompt: str,
+        task_prompt: str,
+        transcript: Transcript,
+        notifications: Callable[[], list[str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tool names must be unique: {names}")
+        self.config = config
+        self.client = client
+        self.tools = {t.name: t for t in tools}
+        self.schemas = tool_schemas(tools)
+        self.transcript = transcript
+        self.notifications = notifications
+        self._clock = clock
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": task_prompt},
+        ]
+        self.turn = 0
+        self.usage = Usage()
+        self.started_wall_s = clock()
+        self.last_prompt_tokens = 0
+        self.status = "starting"
+
+    # -- resume ----------------------------------------------------------------------
+
+    def _replay(self) -> list[dict[str, Any]]:
+        """Rebuilds history, usage and turn from the transcript; returns calls still to run."""
+        pending: dict[str, dict[str, Any]] = {}
+        for event in self.transcript.events:
+            data = event.data
+            if event.type == "loop_started":
+                self.started_wall_s = event.wall_s
+                self.messages = [dict(m) for m in data["messages"]]
+            elif event.type == "model_response":
+                self.turn = int(data["turn"])
+                usage = data.get("usage", {})
+                self.usage = Usage(
+                    self.usage.prompt_tokens + usage.get("prompt_tokens", 0),
+                    self.usage.completion_tokens + usage.get("completion_tokens", 0),
+                )
+                self.last_prompt_tokens = usage.get("prompt_tokens", 0)
+                self.messages.append(self._history_message(data["message"]))
+                pending = {c["call_id"]: c for c in data.get("calls", [])}
+            elif event.type == "tool_result":
+                pending.pop(data["call_id"], None)
+                self.messages.append(_tool_message(data["call_id"], data["content"]))
+            elif event.type == "context_trimmed":
+                self._apply_trim(data)
+        return list(pending.values())
+
+    # -- the loop ----------------------------------------------------------------------
+
+    async def run(self) -> AgentOutcome:
+        if self.transcript.events:
+            pending = self._replay()
+            stopped = [e for e in self.transcript.events if e.type == "stopped"]
+            if stopped and stopped[-1].data["reason"] == "done":
+                return self._outcome(stopped[-1].data["reason"])
+            self.transcript.append(
+                "loop_resumed", {"turn": self.turn, "pending_calls": len(pending)}
+            )
+            if pending:
+                await self._run_calls(pending)
+        else:
+            self.transcript.append(
+                "loop_started",
+                {"config": self.config.to_json(), "messages": self.messages, "tools": self.schemas},
+            )
+        while True:
+            reason = self._budget_exhausted()
+            if reason is not None:
+                return self._stop(reason)
+            self._manage_context()
+            self.turn += 1
+            self.status = f"turn {self.turn}: waiting for the model"
+            completion = await self.client.complete(
+                self.messages, self.schemas, stream=self.config.stream, on_retry=self._journal_retry
+            )
+            calls = self._record_reply(completion)
+            if not calls:
+                return self._stop("done")
+            await self._run_calls(calls)
+
+    def _record_reply(self, completion: Completion) -> list[dict[str, Any]]:
+        message = dict(completion.message)
+        calls = [
+            {"call_id": c.get("id") or f"t{self.turn}_call_{i}", "name": c["function"]["name"],
+             "arguments": c["function"]["arguments"], "error": None}
+            for i, c in enumerate(message.get("tool_calls", []))
+        ]  # fmt: skip
+        content = message.get("content") or ""
+        if not calls and self.client.profile.xml_tool_calls and "<minimax:tool_call>" in content:
+            parameters = {name: t.parameters for name, t in self.tools.items()}
+            parsed = parse_minimax_reply(content, parameters, id_prefix=f"t{self.turn}_call")
+            calls = [
+                {"call_id": c.call_id, "name": c.name, "arguments": c.arguments, "error": c.error}
+                for c in parsed.tool_calls
+            ]
+            message["tool_calls"] = [
+                {
+                    "id": c["call_id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
+                for c in calls
+            ]
+        for i, call in enumerate(calls):  # ids must be unique across the run for resume
+            if any(call["call_id"] == other["call_id"] for other in calls[:i]):
+                call["call_id"] = f"{call['call_id']}_{i}"
+        if calls and "tool_calls" in message:
+            message["tool_calls"] = [
+                {**tc, "id": c["call_id"]}
+                for tc, c in zip(message["tool_calls"], calls, strict=True)
+            ]
+        self.usage = Usage(
+            self.usage.prompt_tokens + completion.usage.prompt_tokens,
+            self.usage.completion_tokens + completion.usage.completion_tokens,
+        )
+        self.last_prompt_tokens = completion.usage.prompt_tokens
+        self.transcript.append(
+            "model_response",
+            {
+                "turn": self.turn, "message": message, "calls": calls,
+                "usage": {"prompt_tokens": completion.usage.prompt_tokens,
+                          "completion_tokens": completion.usage.completion_tokens},
+                "finish_reason": completion.finish_reason, "latency_s": round(completion.latency_s, 3),
+                "attempts": completion.attempts,
+            },
+        )  # fmt: skip
+        self.messages.append(self._history_message(message))
+        return calls
+
+    def _history_message(self, message: dict[str, Any]) -> dict[str, Any]:
+        """What goes back to the model: as produced; reasoning kept where the profile says so."""
+        if self.client.profile.keeps_reasoning:
+            return dict(message)
+        return {k: v for k, v in message.items() if k != "reasoning_content"}
+
+    async def _run_calls(self, calls: Sequence[dict[str, Any]]) -> None:
+        for call in calls:
+            self.status = f"turn {self.turn}: {call['name']}"
+            self.transcript.append("tool_started", {"turn": self.turn, **call})
+            content, is_error = await self._execute(call)
+            notes = self.notifications() if self.notifications is not None else []
+            if notes:
+                content += "\n\n" + "\n".join(notes)
+            self.transcript.append(
+                "tool_result",
+                {"turn": self.turn, "call_id": call["call_id"], "name": call["name"], "content": content,
+                 "is_error": is_error},
+            )  # fmt: skip
+            self.messages.append(_tool_message(call["call_id"], content))
+
+    async def _execute(self, call: dict[str, Any]) -> tuple[str, bool]:
+        name = call["name"]
+        tool = self.tools.get(name)
+        if tool is None:
+            return f"error: there is no tool {name!r}; available: {', '.join(self.tools)}", True
+        if call.get("error"):
+            return f"error: {call['error']}", True
+        try:
+            arguments = json.loads(call["arguments"] or "{}")
+        except json.JSONDecodeError as exc:
+            return (
+                f"error: the arguments of {name} are not valid JSON ({exc}); send a JSON object",
+                True,
+            )
+        if not isinstance(arguments, dict):
+            return (
+                f"error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}",
+                True,
+            )
+        try:
+            result = await tool.handler(arguments)
+        except ToolError as exc:
+            return f"error: {exc}", True
+        except Exception as exc:  # a bug in a tool must not end a 12-hour run
+            logger.exception("tool %s failed", name)
+            return (
+                f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
+                True,
+            )
+        return self._fit(result), False
+
+    def _fit(self, text: str) -> str:
+        limit = self.config.max_tool_result_chars
+        if len(text) <= limit:
+            return text
+        half = limit // 2
+        return (
+            text[:half]
+            + f"\n[... {len(text) - 2 * half} characters omitted: the result was {len(text)} "
+            f"characters, over the {limit}-character limit ...]\n" + text[-half:]
+        )
+
+    # -- budgets -------------------------------------------------------------------------
+
+    def _budget_exhausted(self) -> str | None:
+        c = self.config
+        if c.max_turns is not None and self.turn >= c.max_turns:
+            return "max_turns"
+        if c.max_tokens is not None and self.usage.total >= c.max_tokens:
+            return "max_tokens"
+        cost = c.cost(self.usage)
+        if c.max_cost_usd is not None and cost is not None and cost >= c.max_cost_usd:
+            return "max_cost"
+        if self._clock() - self.started_wall_s >= c.wall_hours * 3600:
+            return "wall_time"
+        return None
+
+    def _stop(self, reason: str) -> AgentOutcome:
+        outcome = self._outcome(reason)
+        self.status = f"stopped: {reason}"
+        self.transcript.append(
+            "stopped",
+            {"reason": reason, "turns": self.turn, "prompt_tokens": self.usage.prompt_tokens,
+             "completion_tokens": self.usage.completion_tokens, "cost_usd": outcome.cost_usd},
+        )  # fmt: skip
+        return outcome
+
+    def _outcome(self, reason: str) -> AgentOutcome:
+        return AgentOutcome(reason, self.turn, self.usage, self.config.cost(self.usage))
+
+    def _journal_retry(self, attempt: int, status: int | None, wait_s: float, reason: str) -> None:
+        self.status = f"turn {self.turn}: retry {attempt} in {wait_s:.1f}s ({status})"
+        self.transcript.append(
+            "retry", {"turn": self.turn, "attempt": attempt, "status": status, "wait_s": round(wait_s, 3),
+                      "reason": reason[:500]},
+        )  # fmt: skip
+
+    # -- context ---------------------------------------------------------------------------
+
+    def estimate_tokens(self) -> int:
+        chars = sum(len(json.dumps(m)) for m in self.messages) + len(json.dumps(self.schemas))
+        return int(chars / _CHARS_PER_TOKEN)
+
+    def _manage_context(self) -> None:
+        budget = self.config.trim_at * self.config.context_tokens
+        if self.estimate_tokens() <= budget:
+            return
+        recent_from = self._recent_start()
+        changes: list[dict[str, Any]] = []
+        for index in range(2, recent_from):
+            message = self.messages[index]
+            content = message.get("content")
+            if message["role"] == "tool" and isinstance(content, str) and len(content) > 400:
+                short = (
+                    content[:200]
+                    + f"\n[... shortened by context management: {len(content)} characters ...]\n"
+                    + content[-200:]
+                )
+                changes.append(
+                    {
+                        "op": "shorten",
+                        "index": index,
+                        "content": short,
+                        "chars_before": len(content),
+                    }
+                )
+                message["content"] = short
+        dropped = 0
+        while self.estimate_tokens() > budget and len(self.messages) > 2:
+            end = self._first_turn_end()
+            if end is None or end >= self._recent_start():
+                break
+            dropped += end - 2
+            del self.messages[2:end]
+        if dropped:
+            changes.append({"op": "drop", "count": dropped})
+        if changes:
+            self.transcript.append(
+                "context_trimmed",
+                {"turn": self.turn, "changes": changes, "estimated_tokens": self.estimate_tokens(),
+                 "context_tokens": self.config.context_tokens},
+            )  # fmt: skip
+
+    def _apply_trim(self, data: dict[str, Any]) -> None:
+        for change in data["changes"]:
+            if change["op"] == "shorten" and change["index"] < len(self.messages):
+                self.messages[change["index"]]["content"] = change["content"]
+            elif change["op"] == "drop":
+                del self.messages[2 : 2 + change["count"]]
+
+    def _assistant_indices(self) -> list[int]:
+        return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+
+    def _recent_start(self) -> int:
+        assistants = self._assistant_indices()
+        keep = self.config.keep_recent_turns
+        return assistants[-keep] if len(assistants) >= keep else 2
+
+    def _first_turn_end(self) -> int | None:
+        """Index just past the oldest turn (its assistant message and tool results)."""
+        assistants = self._assistant_indices()
+        if len(assistants) < 2:
+            return None
+        return assistants[1]
+
+
+def _tool_message(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def read_transcript_config(path: Path) -> LoopConfig:
+    """The `LoopConfig` a transcript was started with."""
+    transcript = Transcript.open(path)
+    try:
+        for event in transcript.events:
+            if event.type == "loop_started":
+                return LoopConfig.from_json(event.data["config"])
+    finally:
+        transcript.close()
+    raise AgentError(f"{path} has no loop_started event; it is not an agent transcript")

@@ -1,0 +1,281 @@
+"""Calling an OpenAI-compatible endpoint: the official `openai` client, our retries, one limiter per endpoint.
+
+- Streaming and non-streaming replies are assembled into one assistant message
+  dict (``content``, ``reasoning_content``, ``tool_calls``) exactly as produced,
+  so reasoning goes back into the history unchanged.
+- 429 and 5xx (and dropped connections) are retried with exponential backoff
+  and jitter, honouring ``Retry-After``; each retry is reported to the caller
+  (the loop journals it). 401, 403, 404 and other 4xx are configuration
+  problems: one clear `AgentError` naming the knob, no retry.
+- `EndpointLimiter`: runs sharing an endpoint share its in-flight limit and
+  request rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from agentinfra.agent._profiles import ModelProfile
+from agentinfra.errors import AgentError
+
+__all__ = ["Completion", "EndpointLimiter", "ModelClient", "Usage"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    message: dict[str, Any]
+    """The assistant message as it goes back into the history."""
+    usage: Usage
+    finish_reason: str | None
+    latency_s: float
+    attempts: int
+
+
+@dataclass
+class EndpointLimiter:
+    """Shared by every run on one endpoint: at most ``max_in_flight`` calls, at most ``rpm`` per minute."""
+
+    max_in_flight: int = 32
+    rpm: float | None = None
+    _semaphore: asyncio.Semaphore | None = field(default=None, init=False)
+    _next_start: float = field(default=0.0, init=False)
+    _pause_until: float = field(default=0.0, init=False)
+
+    async def __aenter__(self) -> None:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.max_in_flight)
+        await self._semaphore.acquire()
+        now = time.monotonic()
+        start = max(now, self._pause_until)
+        if self.rpm:
+            start = max(start, self._next_start)
+            self._next_start = start + 60.0 / self.rpm
+        if start > now:
+            await asyncio.sleep(start - now)
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._semaphore is not None
+        self._semaphore.release()
+
+    def back_off(self, seconds: float) -> None:
+        """A 429 pauses every run on the endpoint, not just the one that got it."""
+        self._pause_until = max(self._pause_until, time.monotonic() + seconds)
+
+
+RetryHook = Callable[[int, int | None, float, str], None]
+
+
+class ModelClient:
+    """One model on one endpoint."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str,
+        api_key_env: str,
+        profile: ModelProfile,
+        limiter: EndpointLimiter | None = None,
+        timeout_s: float = 600.0,
+        max_retries: int = 6,
+        max_output_tokens: int | None = None,
+        backoff_s: float = 1.0,
+    ) -> None:
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.profile = profile
+        self.limiter = limiter or EndpointLimiter()
+        self.max_retries = max_retries
+        self.max_output_tokens = max_output_tokens
+        self.backoff_s = backoff_s
+        self._first_call = True
+        self._client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        *,
+        stream: bool,
+        on_retry: RetryHook | None = None,
+    ) -> Completion:
+        """One chat completion, retried on 429/5xx/connection errors.
+
+        Raises:
+            AgentError: a configuration problem (key, model, URL) or retries exhausted.
+        """
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self.limiter:
+                    message, usage, finish = await self._call(messages, tools, stream)
+                return Completion(message, usage, finish, time.monotonic() - started, attempt)
+            except openai.APIStatusError as exc:
+                status = exc.status_code
+                if status in (401, 403):
+                    raise AgentError(
+                        f"{self.base_url} refused the API key ({status}); check the key in ${self.api_key_env} "
+                        "(--api-key-env)"
+                    ) from None
+                if status == 404:
+                    raise AgentError(
+                        f"{self.base_url} does not know model {self.model!r} or the chat completions path (404: "
+                        f"{_error_text(exc)}); check --model and --base-url"
+                    ) from None
+                if status != 429 and status < 500:
+                    raise AgentError(
+                        f"{self.base_url} rejected the request ({status}): {_error_text(exc)}"
+                    ) from None
+                wait = _retry_after(exc) or self._backoff(attempt)
+                if status == 429:
+                    self.limiter.back_off(wait)
+                reason = f"{status}: {_error_text(exc)}"
+            except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+                status = None
+                wait = self._backoff(attempt)
+                reason = f"{type(exc).__name__}: {exc}"
+                if (
+                    attempt == 1
+                    and isinstance(exc, openai.APIConnectionError)
+                    and not isinstance(exc, openai.APITimeoutError)
+                    and self._first_call
+                ):
+                    raise AgentError(
+                        f"cannot reach {self.base_url}: {exc.__cause__ or exc} (--base-url)"
+                    ) from None
+            if attempt > self.max_retries:
+                raise AgentError(f"model call failed after {attempt} attempts; last error {reason}")
+            if on_retry is not None:
+                on_retry(attempt, status, wait, reason)
+            await asyncio.sleep(wait)
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(60.0, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
+
+    async def _call(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], stream: bool
+    ) -> tuple[dict[str, Any], Usage, str | None]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": list(messages),
+            **self.profile.sampling(),
+        }
+        if tools:
+            kwargs["tools"] = list(tools)
+        if self.max_output_tokens:
+            kwargs["max_tokens"] = self.max_output_tokens
+        if stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+            result = await self._streamed(kwargs)
+        else:
+            response = await self._client.chat.completions.create(**kwargs)
+            if not response.choices:
+                raise AgentError(f"{self.base_url} returned no choices for model {self.model!r}")
+            choice = response.choices[0]
+            raw = choice.message.model_dump(exclude_none=True)
+            usage = Usage(
+                getattr(response.usage, "prompt_tokens", 0) or 0,
+                getattr(response.usage, "completion_tokens", 0) or 0,
+            )
+            result = (_clean_message(raw), usage, choice.finish_reason)
+        self._first_call = False
+        return result
+
+    async def _streamed(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Usage, str | None]:
+        content: list[str] = []
+        reasoning: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        usage = Usage()
+        finish: str | None = None
+        stream = await self._client.chat.completions.create(**kwargs)
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
+            for choice in chunk.choices:
+                delta = choice.delta
+                if delta.content:
+                    content.append(delta.content)
+                extra = delta.model_extra or {}
+                piece = extra.get("reasoning_content") or extra.get("reasoning")
+                if isinstance(piece, str):
+                    reasoning.append(piece)
+                for call in delta.tool_calls or ():
+                    slot = calls.setdefault(
+                        call.index,
+                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+                    )
+                    if call.id:
+                        slot["id"] = call.id
+                    if call.function is not None:
+                        slot["function"]["name"] += call.function.name or ""
+                        slot["function"]["arguments"] += call.function.arguments or ""
+                if choice.finish_reason:
+                    finish = choice.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if reasoning:
+            message["reasoning_content"] = "".join(reasoning)
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        return message, usage, finish
+
+
+def _clean_message(raw: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
+    reasoning = raw.get("reasoning_content", raw.get("reasoning"))
+    if isinstance(reasoning, str) and reasoning:
+        message["reasoning_content"] = reasoning
+    if raw.get("tool_calls"):
+        message["tool_calls"] = [
+            {"id": c.get("id", ""), "type": "function",
+             "function": {"name": c["function"].get("name", ""), "arguments": c["function"].get("arguments", "")}}
+            for c in raw["tool_calls"]
+        ]  # fmt: skip
+    return message
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    value = exc.response.headers.get("retry-after") if exc.response is not None else None
+    if value is None:
+        return None
+    try:
+        return min(300.0, max(0.0, float(value)))
+    except ValueError:
+        return None
+
+
+def _error_text(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and "message" in inner:
+            return str(inner["message"])
+        return json.dumps(body)[:300]
+    return str(exc.message)[:300]
