@@ -144,6 +144,7 @@ EXPECTED: dict[str, list[str]] = {
         "Transcript",
         "Usage",
         "parse_minimax_reply",
+        "preflight",
         "profile_for",
         "read_transcript_config",
         "split_reasoning",

@@ -18,7 +18,7 @@ from agentinfra.agent._loop import (
     Transcript,
     read_transcript_config,
 )
-from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage
+from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage, preflight
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
 from agentinfra.agent._scripted import Reply, ScriptedModelServer
 from agentinfra.agent._toolcalls import ParsedReply, ToolCall, parse_minimax_reply, split_reasoning
@@ -42,6 +42,7 @@ __all__ = [
     "Transcript",
     "Usage",
     "parse_minimax_reply",
+    "preflight",
     "profile_for",
     "read_transcript_config",
     "split_reasoning",

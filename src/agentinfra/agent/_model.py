@@ -26,7 +26,7 @@ import openai
 from agentinfra.agent._profiles import ModelProfile
 from agentinfra.errors import AgentError
 
-__all__ = ["Completion", "EndpointLimiter", "ModelClient", "Usage"]
+__all__ = ["Completion", "EndpointLimiter", "ModelClient", "Usage", "preflight"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,3 +279,32 @@ def _error_text(exc: openai.APIStatusError) -> str:
             return str(inner["message"])
         return json.dumps(body)[:300]
     return str(exc.message)[:300]
+
+
+async def preflight(
+    *, base_url: str, model: str, api_key: str, api_key_env: str, timeout_s: float = 15.0
+) -> None:
+    """Checks the endpoint, the key and the model once, before any run starts.
+
+    Raises:
+        AgentError: unreachable endpoint, refused key, or a model the endpoint lists but not this one.
+    """
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
+    )
+    try:
+        listed = [m.id async for m in client.models.list()]
+    except openai.APIConnectionError as exc:
+        raise AgentError(f"cannot reach {base_url}: {exc.__cause__ or exc} (--base-url)") from None
+    except openai.APIStatusError as exc:
+        if exc.status_code in (401, 403):
+            raise AgentError(
+                f"{base_url} refused the API key ({exc.status_code}); check the key in ${api_key_env} (--api-key-env)"
+            ) from None
+        return  # no model list here (404, 405 ...): the first call will tell
+    finally:
+        await client.close()
+    if listed and model not in listed:
+        raise AgentError(
+            f"{base_url} does not serve model {model!r}; it lists {', '.join(sorted(listed)[:10])} (--model)"
+        )

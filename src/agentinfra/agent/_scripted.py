@@ -60,6 +60,7 @@ class ScriptedModelServer:
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     @property
@@ -81,10 +82,20 @@ class ScriptedModelServer:
         self._thread.join(10)
 
     def _shutdown(self) -> None:
+        self._loop.create_task(self._stop())
+
+    async def _stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in asyncio.all_tasks(self._loop):
+        for writer in list(self._writers):
+            writer.close()
+        current = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not current]
+        for task in others:
             task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
         self._loop.stop()
 
     def _run(self) -> None:
@@ -106,6 +117,7 @@ class ScriptedModelServer:
             return Reply(status=500, error="the script has no more replies")
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -119,11 +131,17 @@ class ScriptedModelServer:
                 await self._respond(method, path, headers, body, writer)
                 if headers.get("connection", "").lower() == "close":
                     break
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            asyncio.LimitOverrunError,
+            asyncio.CancelledError,
+        ):
             pass
         finally:
+            self._writers.discard(writer)
             writer.close()
-            with contextlib.suppress(ConnectionError, RuntimeError):
+            with contextlib.suppress(ConnectionError, RuntimeError, asyncio.CancelledError):
                 await writer.wait_closed()
 
     async def _respond(

@@ -114,10 +114,18 @@ def resume(
     watch: Annotated[Path | None, typer.Option("--watch")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)] = None,
 ) -> None:
-    """Continue a run after a crash: replay the journal, grade what was not graded, keep serving."""
+    """Continue a run after a crash: replay the journal, grade what was not graded, keep serving.
+
+    A run started by `agentinfra run` also resumes its agent from its last completed turn.
+    """
     run = RunDirectory.open(run_dir)
     try:
-        _serve(run, eval_workers or load_settings().harness.eval_workers, watch, cluster)
+        if isinstance(run.spec.agent.get("loop"), dict):
+            from agentinfra.cli._agent import resume_agent
+
+            resume_agent(run)
+        else:
+            _serve(run, eval_workers or load_settings().harness.eval_workers, watch, cluster)
     finally:
         run.close()
 
@@ -253,3 +261,7 @@ def register(app: typer.Typer) -> None:
     app.command("regrade")(regrade_command)
     app.command("report")(report)
     app.command("replay-run")(replay_run)
+    from agentinfra.cli._agent import export_command, run_command
+
+    app.command("run")(run_command)
+    app.command("export")(export_command)

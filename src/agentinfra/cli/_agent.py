@@ -1,0 +1,243 @@
+"""`agentinfra run` (agents on many tasks at once) and `agentinfra export` (training data)."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agentinfra._settings import load_settings
+from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
+from agentinfra.errors import AgentInfraError, ConfigError
+from agentinfra.harness import GraderSettings, RunDirectory
+from agentinfra.harness._agent_run import (
+    AgentRunState,
+    agent_run_spec,
+    api_key_from_env,
+    run_agent,
+    run_agents,
+)
+from agentinfra.harness._export import export_record
+
+__all__ = ["export_command", "resume_agent", "run_command"]
+
+err = Console(stderr=True)
+
+
+def _table(states: list[AgentRunState]) -> Table:
+    table = Table(title=f"{len(states)} agent runs")
+    for column in ("run", "status", "turn", "tokens", "submitted", "graded", "best"):
+        table.add_column(column)
+    for s in states:
+        best = f"{s.best_speedup:.2f}x" if s.best_speedup else "-"
+        status = s.status if s.error is None else f"failed: {s.error[:60]}"
+        table.add_row(
+            s.run_id,
+            status[:70],
+            str(s.turn),
+            str(s.tokens),
+            str(s.submissions),
+            str(s.graded),
+            best,
+        )
+    return table
+
+
+def _prices(path: Path | None, model: str) -> tuple[float | None, float | None]:
+    if path is None:
+        return None, None
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read prices from {path}: {exc} (--prices)") from None
+    entry = table.get(model)
+    if entry is None:
+        return None, None
+    try:
+        return float(entry["input_per_mtok"]), float(entry["output_per_mtok"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"{path}: {model} needs input_per_mtok and output_per_mtok numbers (--prices)"
+        ) from None
+
+
+def run_command(
+    tasks: Annotated[
+        list[str],
+        typer.Option(
+            "--tasks", help="Problem files or globs, e.g. 'examples/kernels/problems/*.py'."
+        ),
+    ],
+    model: Annotated[str, typer.Option("--model", help="Model name at the endpoint.")],
+    base_url: Annotated[
+        str,
+        typer.Option(
+            "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."
+        ),
+    ],
+    env: Annotated[str, typer.Option("--env", help="Environment.")] = "kernels",
+    api_key_env: Annotated[
+        str, typer.Option("--api-key-env", help="Environment variable holding the API key.")
+    ] = "OPENAI_API_KEY",
+    concurrency: Annotated[
+        int | None,
+        typer.Option("--concurrency", help="Runs at once (AGENTINFRA_AGENT_CONCURRENCY)."),
+    ] = None,
+    hours: Annotated[float, typer.Option("--hours", help="Wall-clock budget per run.")] = 12.0,
+    max_turns: Annotated[
+        int | None, typer.Option("--max-turns", help="Model calls per run.")
+    ] = 200,
+    max_tokens: Annotated[
+        int | None, typer.Option("--max-tokens", help="Prompt + completion tokens per run.")
+    ] = None,
+    max_cost: Annotated[
+        float | None, typer.Option("--max-cost", help="USD per run (needs prices).")
+    ] = None,
+    price_in: Annotated[
+        float | None, typer.Option("--price-in", help="USD per million prompt tokens.")
+    ] = None,
+    price_out: Annotated[
+        float | None, typer.Option("--price-out", help="USD per million completion tokens.")
+    ] = None,
+    prices: Annotated[
+        Path | None,
+        typer.Option("--prices", help="JSON {model: {input_per_mtok, output_per_mtok}}."),
+    ] = None,
+    stream: Annotated[
+        bool, typer.Option("--stream/--no-stream", help="Stream replies (SSE).")
+    ] = True,
+    context_tokens: Annotated[
+        int, typer.Option("--context-tokens", help="The model's context length.")
+    ] = 196_608,
+    max_output_tokens: Annotated[int | None, typer.Option("--max-output-tokens")] = None,
+    rpm: Annotated[
+        float | None,
+        typer.Option("--rpm", help="Requests per minute to the endpoint, all runs together."),
+    ] = None,
+    runs_dir: Annotated[
+        Path | None,
+        typer.Option("--runs-dir", help="Where run directories go (AGENTINFRA_RUNS_DIR)."),
+    ] = None,
+    eval_workers: Annotated[
+        int, typer.Option("--eval-workers", help="Gradings at once per run.")
+    ] = 1,
+) -> None:
+    """Run one agent per task against an OpenAI-compatible model, many at once; each run is graded as it goes."""
+    if env != "kernels":
+        raise ConfigError(f"unknown environment {env!r}; available: kernels (--env)")
+    files = sorted({Path(p) for pattern in tasks for p in (glob.glob(pattern) or [pattern])})
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing or not files:
+        raise ConfigError(f"no task file at {', '.join(missing) or tasks} (--tasks)")
+    settings = load_settings()
+    file_in, file_out = _prices(prices, model)
+    config = LoopConfig(
+        model=model, base_url=base_url.rstrip("/"), api_key_env=api_key_env, stream=stream, max_turns=max_turns,
+        max_tokens=max_tokens, max_cost_usd=max_cost, wall_hours=hours, context_tokens=context_tokens,
+        max_output_tokens=max_output_tokens, price_in_per_mtok=price_in if price_in is not None else file_in,
+        price_out_per_mtok=price_out if price_out is not None else file_out,
+        request_timeout_s=settings.agent.request_timeout_s,
+    )  # fmt: skip
+    api_key = api_key_from_env(api_key_env)
+    asyncio.run(
+        preflight(base_url=config.base_url, model=model, api_key=api_key, api_key_env=api_key_env)
+    )
+    root = runs_dir or settings.harness.runs_dir
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1])
+    grader = GraderSettings(threads=settings.grader.threads, timeout_s=settings.grader.timeout_s)
+    runs = []
+    for task in files:
+        run_id = f"{task.stem}-{slug}-{stamp}"
+        runs.append(
+            RunDirectory.create(root / run_id, agent_run_spec(run_id, task, config, grader))
+        )
+    err.print(
+        f"{len(runs)} run(s) under {root}; concurrency {concurrency or settings.agent.concurrency}"
+    )
+    try:
+        with Live(_table([]), console=err, refresh_per_second=2) as live:
+            states = asyncio.run(
+                run_agents(
+                    runs, api_key=api_key, concurrency=concurrency or settings.agent.concurrency,
+                    limiter=EndpointLimiter(max_in_flight=max(1, concurrency or settings.agent.concurrency), rpm=rpm),
+                    eval_workers=eval_workers, on_change=lambda s: live.update(_table(s)),
+                )
+            )  # fmt: skip
+    finally:
+        for run in runs:
+            run.close()
+    failed = [s for s in states if s.error]
+    err.print(
+        f"done: {len(states) - len(failed)} stopped normally, {len(failed)} failed; `agentinfra export {root}/*` writes the training data"
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
+def resume_agent(run: RunDirectory) -> None:
+    """Continues an agent run after a crash: grading queue and agent, each from its journal."""
+    config = LoopConfig.from_json(run.spec.agent["loop"])
+    api_key = api_key_from_env(config.api_key_env)
+    state = AgentRunState(run.spec.run_id, run.path)
+    with Live(_table([state]), console=err, refresh_per_second=2) as live:
+
+        async def go() -> None:
+            task = asyncio.create_task(
+                run_agent(run, api_key=api_key, limiter=EndpointLimiter(), state=state)
+            )
+            while not task.done():
+                if state.loop is not None:
+                    state.turn, state.tokens, state.status = (
+                        state.loop.turn,
+                        state.loop.usage.total,
+                        state.loop.status,
+                    )
+                live.update(_table([state]))
+                await asyncio.sleep(0.5)
+            await task
+
+        asyncio.run(go())
+    outcome = state.outcome
+    err.print(
+        f"agent stopped: {outcome.stop_reason if outcome else 'unknown'} after {state.turn} turns"
+    )
+
+
+def export_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories of `agentinfra run`.")],
+    fmt: Annotated[str, typer.Option("--format", help="Output format.")] = "jsonl",
+    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+) -> None:
+    """Write one training record per run (messages, tools, rewards from trusted verdicts, usage)."""
+    if fmt != "jsonl":
+        raise ConfigError(f"--format {fmt!r} is not supported; use jsonl")
+    records: list[dict[str, Any]] = []
+    skipped = 0
+    for path in runs:
+        if not (path / "run.json").is_file():
+            skipped += 1
+            continue
+        try:
+            records.append(export_record(path))
+        except AgentInfraError as exc:
+            if len(runs) == 1:
+                raise
+            err.print(f"skipping {path}: {exc}")
+            skipped += 1
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if out is None:
+        sys.stdout.write(lines)
+    else:
+        out.write_text(lines)
+    err.print(f"exported {len(records)} run(s){f', skipped {skipped}' if skipped else ''}")

@@ -1,0 +1,221 @@
+"""An agent inside a run: the loop submits to the run's harness, which grades as it goes.
+
+Layout added to a run directory::
+
+    agent/transcript.jsonl   the agent's journal (model replies, tool calls, retries, trims)
+    agent/workspace/         the agent's private files
+
+The loop's settings live in ``run.json`` (``spec.agent``), so ``agentinfra
+resume RUN`` restarts both the grading queue and the agent from their journals.
+Official verdicts reach the agent as notes appended to its next tool result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentinfra.agent import (
+    AgentLoop,
+    AgentOutcome,
+    EndpointLimiter,
+    LoopConfig,
+    ModelClient,
+    Transcript,
+    profile_for,
+)
+from agentinfra.environments.kernels._agent_tools import (
+    KERNEL_SYSTEM_PROMPT,
+    kernel_task_prompt,
+    kernel_tools,
+)
+from agentinfra.errors import ConfigError
+from agentinfra.harness._environment import make_environment
+from agentinfra.harness._harness import RunHarness
+from agentinfra.harness._rundir import RunDirectory
+from agentinfra.harness._spec import Budget, GraderSettings, RunSpec
+
+__all__ = ["AgentRunState", "agent_run_spec", "api_key_from_env", "run_agent", "run_agents"]
+
+
+@dataclass
+class AgentRunState:
+    """What the progress view shows for one run."""
+
+    run_id: str
+    path: Path
+    status: str = "queued"
+    turn: int = 0
+    tokens: int = 0
+    submissions: int = 0
+    graded: int = 0
+    best_speedup: float | None = None
+    outcome: AgentOutcome | None = None
+    error: str | None = None
+    loop: AgentLoop | None = field(default=None, repr=False)
+
+
+def api_key_from_env(name: str) -> str:
+    """The API key in environment variable ``name``.
+
+    Raises:
+        ConfigError: the variable is unset or empty.
+    """
+    value = os.environ.get(name, "")
+    if not value:
+        raise ConfigError(
+            f"environment variable {name} holds no API key (set it, or name another with --api-key-env)"
+        )
+    return value
+
+
+def agent_run_spec(run_id: str, task: Path, config: LoopConfig, grader: GraderSettings) -> RunSpec:
+    return RunSpec(
+        run_id=run_id,
+        environment="kernels",
+        task=str(task.resolve()),
+        agent={"loop": config.to_json()},
+        budget=Budget(
+            wall_hours=config.wall_hours, tokens=config.max_tokens, cost_usd=config.max_cost_usd
+        ),
+        grader=grader,
+    )
+
+
+async def run_agent(
+    run: RunDirectory,
+    *,
+    api_key: str,
+    limiter: EndpointLimiter,
+    eval_workers: int = 1,
+    state: AgentRunState | None = None,
+) -> AgentOutcome:
+    """Runs (or resumes) the agent of ``run`` until it stops; grading drains before returning."""
+    loop_json = run.spec.agent.get("loop")
+    if not isinstance(loop_json, dict):
+        raise ConfigError(
+            f"run {run.path} has no agent (it was started by `agentinfra start`, not `run`)"
+        )
+    config = LoopConfig.from_json(loop_json)
+    state = state or AgentRunState(run.spec.run_id, run.path)
+    notes: list[str] = []
+
+    def on_graded(sha: str, view: dict[str, Any]) -> None:
+        seq = harness.state.received.get(sha, {}).get("seq", "?")
+        speedup = view.get("speedup")
+        notes.append(
+            f"[grader] submission {sha[:12]} (event {seq}) scored: outcome={view.get('outcome')} "
+            f"correct={view.get('correct')} speedup={speedup}"
+        )
+        state.graded = len(harness.state.graded)
+        if view.get("outcome") == "passed" and isinstance(speedup, (int, float)):
+            state.best_speedup = max(state.best_speedup or 0.0, float(speedup))
+
+    harness = RunHarness(
+        run, make_environment(run.spec), eval_workers=eval_workers, on_graded=on_graded
+    )
+    harness.recover()
+    agent_dir = run.path / "agent"
+    agent_dir.mkdir(exist_ok=True)
+    transcript = Transcript.open(agent_dir / "transcript.jsonl")
+    client = ModelClient(
+        base_url=config.base_url, model=config.model, api_key=api_key, api_key_env=config.api_key_env,
+        profile=profile_for(config.model), limiter=limiter, timeout_s=config.request_timeout_s,
+        max_retries=config.max_retries, max_output_tokens=config.max_output_tokens,
+    )  # fmt: skip
+    loop: AgentLoop | None = None
+
+    async def submit(data: bytes, name: str) -> str:
+        receipt = harness.submit(data, source=f"agent:{name}", turn=loop.turn if loop else None)
+        state.submissions = len(harness.state.received)
+        if not receipt.is_new:
+            return f"{name} is identical to submission {receipt.sha256[:12]}; it is graded once"
+        return (
+            f"submitted {name} as {receipt.sha256[:12]}; it is being graded with secret inputs, "
+            "and the score will be appended to a later tool result"
+        )
+
+    tools = kernel_tools(Path(run.spec.task), agent_dir / "workspace", submit)
+    loop = AgentLoop(
+        config=config, client=client, tools=tools, system_prompt=KERNEL_SYSTEM_PROMPT,
+        task_prompt=kernel_task_prompt(Path(run.spec.task)), transcript=transcript,
+        notifications=lambda: [notes.pop(0) for _ in range(len(notes))],
+    )  # fmt: skip
+    state.loop = loop
+    stop = asyncio.Event()
+    serving = asyncio.create_task(harness.serve(stop=stop, poll_s=0.1))
+    try:
+        outcome = await loop.run()
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        await client.close()
+        transcript.close()
+    state.outcome = outcome
+    state.graded = len(harness.state.graded)
+    return outcome
+
+
+async def run_agents(
+    runs: Sequence[RunDirectory],
+    *,
+    api_key: str,
+    concurrency: int,
+    limiter: EndpointLimiter,
+    eval_workers: int = 1,
+    on_change: Callable[[list[AgentRunState]], None] | None = None,
+) -> list[AgentRunState]:
+    """Runs many agents on one event loop, at most ``concurrency`` at once; one failing run never stops the others."""
+    states = [AgentRunState(r.spec.run_id, r.path) for r in runs]
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(run: RunDirectory, state: AgentRunState) -> None:
+        async with gate:
+            state.status = "running"
+            try:
+                await run_agent(
+                    run, api_key=api_key, limiter=limiter, eval_workers=eval_workers, state=state
+                )
+                state.status = (
+                    f"stopped: {state.outcome.stop_reason}" if state.outcome else "stopped"
+                )
+            except Exception as exc:  # recorded per run; the others go on
+                state.status = "failed"
+                state.error = f"{type(exc).__name__}: {exc}"
+
+    async def watch() -> None:
+        while True:
+            for state in states:
+                if state.loop is not None:
+                    state.turn = state.loop.turn
+                    state.tokens = state.loop.usage.total
+                    if state.status == "running":
+                        state.status = state.loop.status
+            if on_change is not None:
+                on_change(states)
+            await asyncio.sleep(0.5)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.gather(*(one(r, s) for r, s in zip(runs, states, strict=True)))
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    for state in states:
+        if state.loop is not None:
+            state.turn, state.tokens = state.loop.turn, state.loop.usage.total
+    if on_change is not None:
+        on_change(states)
+    return states
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")

@@ -1,0 +1,395 @@
+"""The agent loop end to end: the official openai client against a scripted server on loopback.
+
+No network and no real model: `ScriptedModelServer` speaks real HTTP and SSE. Submissions
+are graded by the real grader. A live-model smoke test runs only when LIVE_MODEL_URL is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentinfra.agent import (
+    AgentLoop,
+    EndpointLimiter,
+    LoopConfig,
+    ModelClient,
+    Reply,
+    ScriptedModelServer,
+    Transcript,
+    preflight,
+    profile_for,
+    workspace_tools,
+)
+from agentinfra.errors import AgentError, ConfigError
+from agentinfra.harness import GraderSettings, RunDirectory
+from agentinfra.harness._agent_run import agent_run_spec, run_agents
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
+HONEST = (ROOT / "examples/kernels/submissions/10_fast_softmax.py").read_text()
+CHEAT = (ROOT / "tests/fixtures/kernels/cheats/call_counting.py").read_text()
+MODEL = "MiniMaxAI/MiniMax-M3"
+
+
+def _assistants(body: dict[str, Any]) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "assistant")
+
+
+def _xml_call(name: str, **params: str) -> str:
+    inner = "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in params.items())
+    return f'<minimax:tool_call>\n<invoke name="{name}">\n{inner}</invoke>\n</minimax:tool_call>'
+
+
+def kernel_script(body: dict[str, Any]) -> Reply:
+    """A model that reads, writes (as MiniMax XML), checks, submits an honest and a cheating file."""
+    step = _assistants(body)
+    if step == 0:
+        return Reply(reasoning="First read the problem.", tool_calls=[("read_problem", "{}")])
+    if step == 1:
+        text = "The rows can use torch.softmax.\n</think>\nWriting it.\n" + _xml_call(
+            "write_file", path="solution.py", content=HONEST
+        )
+        return Reply(content=text)
+    if step == 2:
+        return Reply(tool_calls=[("check", json.dumps({"path": "solution.py"}))])
+    if step == 3:
+        return Reply(tool_calls=[("submit", json.dumps({"path": "solution.py"})),
+                                 ("write_file", json.dumps({"path": "fast.py", "content": CHEAT}))])  # fmt: skip
+    if step == 4:
+        return Reply(tool_calls=[("submit", json.dumps({"path": "fast.py"}))])
+    return Reply(content="I am done.")
+
+
+def _cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentinfra", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "OPENAI_API_KEY": "test-key", **(env or {})}, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
+    with ScriptedModelServer(kernel_script, models=[MODEL]) as server:
+        done = _cli("run", "--tasks", str(PROBLEM), "--model", MODEL, "--base-url", server.base_url,
+                    "--runs-dir", str(tmp_path / "runs"), "--concurrency", "2")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        requests = server.requests
+    (run,) = list((tmp_path / "runs").iterdir())
+    workspace = run / "agent" / "workspace"
+    assert (workspace / "solution.py").read_text() == HONEST  # XML parameter content arrived intact
+    assert (workspace / "fast.py").read_text() == CHEAT
+    # Streaming was used, MiniMax sampling sent, and reasoning went back into the history unchanged.
+    assert all(r["stream"] for r in requests)
+    assert requests[0]["temperature"] == 1.0
+    assert requests[0]["top_p"] == 0.95
+    assert requests[0]["top_k"] == 40
+    assert requests[1]["messages"][2]["reasoning_content"] == "First read the problem."
+    assert "</think>" in requests[2]["messages"][4]["content"]
+    assert [t["function"]["name"] for t in requests[0]["tools"]] == [
+        "read_problem", "list_files", "read_file", "write_file", "edit_file", "check", "submit"
+    ]  # fmt: skip
+    assert list(requests[0]["tools"][3]["function"]["parameters"]["properties"]) == [
+        "path",
+        "content",
+    ]
+    exported = _cli("export", str(run), "--format", "jsonl", "--out", str(tmp_path / "out.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert record["schema_version"] == 1
+    assert record["model"] == MODEL
+    assert record["task"] == PROBLEM.name
+    assert record["sampling"] == {"temperature": 1.0, "top_p": 0.95, "extra_body": {"top_k": 40}}
+    assert record["stop_reason"] == "done"
+    assert record["turns"] == 6
+    assert record["usage"] == {"prompt_tokens": 600, "completion_tokens": 120}
+    roles = [m["role"] for m in record["messages"]]
+    assert roles[:3] == ["system", "user", "assistant"]
+    assert roles.count("assistant") == 6
+    assert roles.count("tool") == 6
+    assert record["messages"][2]["reasoning_content"] == "First read the problem."
+    assert [t["function"]["name"] for t in record["tools"]][-1] == "submit"
+    honest, cheat = record["submissions"]
+    assert honest["outcome"] == "passed"
+    assert honest["reward"] == pytest.approx(honest["speedup"])
+    assert honest["reward"] > 1.0
+    assert honest["turn"] == 4
+    assert cheat["outcome"] == "hack_flagged"
+    assert cheat["hack_flagged"] is True
+    assert cheat["reward"] == 0.0
+    assert record["reward"] == honest["reward"]
+    # The official verdicts reached the agent in later tool results.
+    tool_texts = [m["content"] for m in record["messages"] if m["role"] == "tool"]
+    assert any("[grader]" in t and "outcome=passed" in t for t in tool_texts)
+    check = json.loads(tool_texts[2])
+    assert check["outcome"] == "passed"
+    assert "agent-visible" in check["note"]
+
+
+def resumable_script(state: dict[str, int]) -> Any:
+    def script(body: dict[str, Any]) -> Reply:
+        step = _assistants(body)
+        state[f"step{step}"] = state.get(f"step{step}", 0) + 1
+        if step == 0:
+            return Reply(
+                tool_calls=[("write_file", json.dumps({"path": "solution.py", "content": HONEST}))]
+            )
+        if step == 1:
+            # The first time, hang (the agent is killed while waiting); on resume answer at once.
+            return Reply(tool_calls=[("submit", json.dumps({"path": "solution.py"}))],
+                         delay_s=120 if state["step1"] == 1 else 0)  # fmt: skip
+        return Reply(content="done")
+
+    return script
+
+
+@pytest.mark.slow
+def test_sigkill_mid_turn_then_resume(tmp_path: Path) -> None:
+    state: dict[str, int] = {}
+    with ScriptedModelServer(resumable_script(state), models=[MODEL]) as server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agentinfra", "run", "--tasks", str(PROBLEM), "--model", MODEL,
+             "--base-url", server.base_url, "--runs-dir", str(tmp_path / "runs"), "--no-stream"],
+            env={**os.environ, "OPENAI_API_KEY": "test-key"}, cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while state.get("step1", 0) < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert state.get("step1") == 1, "the agent never reached its second turn"
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        (run,) = list((tmp_path / "runs").iterdir())
+        resumed = _cli("resume", str(run), timeout=300)
+        assert resumed.returncode == 0, resumed.stderr
+    events = [
+        json.loads(line) for line in (run / "agent" / "transcript.jsonl").read_text().splitlines()
+    ]
+    types = [e["type"] for e in events]
+    assert types.count("loop_started") == 1
+    assert types.count("loop_resumed") == 1
+    responses = [e["data"]["turn"] for e in events if e["type"] == "model_response"]
+    assert responses == [1, 2, 3]  # turn 1 was not asked again
+    writes = [
+        e for e in events if e["type"] == "tool_started" and e["data"]["name"] == "write_file"
+    ]
+    assert len(writes) == 1  # and its side effect was not repeated
+    assert state == {"step0": 1, "step1": 2, "step2": 1}
+    assert events[-1]["type"] == "stopped"
+    assert events[-1]["data"]["reason"] == "done"
+    journal = [json.loads(line) for line in (run / "journal.jsonl").read_text().splitlines()]
+    assert [e["type"] for e in journal].count("submission_received") == 1
+    assert [e["type"] for e in journal].count("graded") == 1
+
+
+# -- fast tests: the loop in process -------------------------------------------------------
+
+
+def _loop(tmp_path: Path, server: ScriptedModelServer, **config: Any) -> AgentLoop:
+    model = config.pop("model", MODEL)
+    cfg = LoopConfig(model=model, base_url=server.base_url, **config)
+    client = ModelClient(base_url=server.base_url, model=model, api_key="test-key", api_key_env="OPENAI_API_KEY",
+                         profile=profile_for(model), backoff_s=0.01)  # fmt: skip
+    transcript = Transcript.open(tmp_path / f"t{time.monotonic_ns()}.jsonl")
+    return AgentLoop(config=cfg, client=client, tools=workspace_tools(tmp_path / "ws"), system_prompt="s",
+                     task_prompt="t", transcript=transcript)  # fmt: skip
+
+
+def _run(loop: AgentLoop) -> Any:
+    async def go() -> Any:
+        try:
+            return await loop.run()
+        finally:
+            await loop.client.close()
+            loop.transcript.close()
+
+    return asyncio.run(go())
+
+
+def _types(loop: AgentLoop) -> list[str]:
+    return [e.type for e in loop.transcript.events]
+
+
+def test_retries_honour_retry_after_and_5xx(tmp_path: Path) -> None:
+    script = [Reply(status=429, headers={"Retry-After": "0.3"}, error="slow down"), Reply(status=500),
+              Reply(status=503), Reply(content="hello")]  # fmt: skip
+    with ScriptedModelServer(script, models=[MODEL]) as server:
+        loop = _loop(tmp_path, server)
+        started = time.monotonic()
+        outcome = _run(loop)
+    assert outcome.stop_reason == "done"
+    retries = [e.data for e in loop.transcript.events if e.type == "retry"]
+    assert [r["status"] for r in retries] == [429, 500, 503]
+    assert retries[0]["wait_s"] == 0.3
+    assert time.monotonic() - started >= 0.3
+
+
+def test_model_mistakes_go_back_as_tool_errors(tmp_path: Path) -> None:
+    big = "x" * 50_000
+    script = [
+        Reply(tool_calls=[("no_such_tool", "{}"), ("read_file", "{not json"), ("read_file", "[1]"),
+                          ("read_file", json.dumps({"path": "../../etc/passwd"})),
+                          ("write_file", json.dumps({"path": "big.txt", "content": big}))]),
+        Reply(tool_calls=[("read_file", json.dumps({"path": "big.txt"}))]),
+        Reply(content="ok"),
+    ]  # fmt: skip
+    with ScriptedModelServer(script, models=[MODEL]) as server:
+        loop = _loop(tmp_path, server, stream=False, max_tool_result_chars=1000)
+        assert _run(loop).stop_reason == "done"
+        last = server.requests[-1]["messages"]
+    results = [e.data for e in loop.transcript.events if e.type == "tool_result"]
+    assert [r["is_error"] for r in results] == [True, True, True, True, False, False]
+    assert "there is no tool 'no_such_tool'" in results[0]["content"]
+    assert "not valid JSON" in results[1]["content"]
+    assert "must be a JSON object" in results[2]["content"]
+    assert "leaves the workspace" in results[3]["content"]
+    assert len(results[5]["content"]) < 1200
+    assert "characters omitted" in results[5]["content"]
+    assert last[-1]["role"] == "tool"
+    assert "characters omitted" in last[-1]["content"]
+
+
+def test_budgets_stop_the_run(tmp_path: Path) -> None:
+    def forever(body: dict[str, Any]) -> Reply:
+        return Reply(tool_calls=[("list_files", "{}")], prompt_tokens=1000, completion_tokens=500)
+
+    with ScriptedModelServer(forever, models=[MODEL]) as server:
+        by_turns = _loop(tmp_path, server, max_turns=3)
+        assert _run(by_turns).stop_reason == "max_turns"
+        by_tokens = _loop(tmp_path, server, max_tokens=4000)
+        outcome = _run(by_tokens)
+        assert (outcome.stop_reason, outcome.turns, outcome.usage.total) == ("max_tokens", 3, 4500)
+        by_cost = _loop(
+            tmp_path, server, max_cost_usd=0.01, price_in_per_mtok=2.0, price_out_per_mtok=8.0
+        )
+        outcome = _run(by_cost)
+        assert outcome.stop_reason == "max_cost"
+        assert outcome.cost_usd is not None
+        assert outcome.cost_usd >= 0.01
+    assert _types(by_turns)[-1] == "stopped"
+    with pytest.raises(ConfigError, match="--price-in"):
+        LoopConfig(model=MODEL, base_url="http://x", max_cost_usd=1.0)
+
+
+def test_context_management_shortens_then_drops_old_turns(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def chatty(body: dict[str, Any]) -> Reply:
+        step = calls["n"]  # not the history's length: trimming shortens it
+        calls["n"] += 1
+        if step < 8:
+            return Reply(tool_calls=[("write_file", json.dumps({"path": f"f{step}.txt", "content": "y" * 3000})),
+                                     ("read_file", json.dumps({"path": f"f{step}.txt"}))])  # fmt: skip
+        return Reply(content="done")
+
+    with ScriptedModelServer(chatty, models=[MODEL]) as server:
+        loop = _loop(tmp_path, server, context_tokens=6000, keep_recent_turns=2)
+        assert _run(loop).stop_reason == "done"
+        sizes = [len(json.dumps(r["messages"])) for r in server.requests]
+    trims = [e.data for e in loop.transcript.events if e.type == "context_trimmed"]
+    assert trims, "the history outgrew 80% of 6000 tokens and was never trimmed"
+    assert any(c["op"] == "shorten" for t in trims for c in t["changes"])
+    assert any(c["op"] == "drop" for t in trims for c in t["changes"])
+    assert max(sizes) < 6000 * 3.5  # 8 turns of 6 KB would be about 50 KB untrimmed
+    final = server.requests[-1]["messages"]
+    assert final[0] == {"role": "system", "content": "s"}
+    assert final[1] == {"role": "user", "content": "t"}
+    tool_ids = {m["tool_call_id"] for m in final if m["role"] == "tool"}
+    call_ids = {c["id"] for m in final if m["role"] == "assistant" for c in m.get("tool_calls", [])}
+    assert tool_ids == call_ids  # never a result without its call, or a call without its result
+
+
+def test_configuration_problems_are_clear_errors_at_start(tmp_path: Path) -> None:
+    with ScriptedModelServer([], models=[MODEL]) as server:
+        with pytest.raises(AgentError, match=r"refused the API key.*\$OPENAI_API_KEY"):
+            asyncio.run(
+                preflight(
+                    base_url=server.base_url,
+                    model=MODEL,
+                    api_key="wrong",
+                    api_key_env="OPENAI_API_KEY",
+                )
+            )
+        with pytest.raises(AgentError, match=r"does not serve model 'nope'.*--model"):
+            asyncio.run(
+                preflight(
+                    base_url=server.base_url, model="nope", api_key="test-key", api_key_env="K"
+                )
+            )
+        asyncio.run(
+            preflight(base_url=server.base_url, model=MODEL, api_key="test-key", api_key_env="K")
+        )
+        with pytest.raises(AgentError, match="does not know model"):
+            _run(_loop(tmp_path, server, model="unknown-model"))
+    with pytest.raises(AgentError, match=r"cannot reach.*--base-url"):
+        asyncio.run(
+            preflight(base_url="http://127.0.0.1:9/v1", model=MODEL, api_key="k", api_key_env="K")
+        )
+    missing = _cli("run", "--tasks", str(PROBLEM), "--model", MODEL, "--base-url", "http://127.0.0.1:9/v1",
+                   "--api-key-env", "AGENTINFRA_TEST_NO_SUCH_KEY", timeout=60)  # fmt: skip
+    assert missing.returncode == 2
+    assert "AGENTINFRA_TEST_NO_SUCH_KEY holds no API key" in missing.stderr
+    unreachable = _cli("run", "--tasks", str(PROBLEM), "--model", MODEL, "--base-url", "http://127.0.0.1:9/v1",
+                       "--runs-dir", str(tmp_path / "r"), timeout=60)  # fmt: skip
+    assert unreachable.returncode == 2
+    assert "cannot reach http://127.0.0.1:9/v1" in unreachable.stderr
+    assert not (tmp_path / "r").exists()  # nothing was created for a run that could not start
+
+
+def test_many_runs_share_one_loop(tmp_path: Path) -> None:
+    def quick(body: dict[str, Any]) -> Reply:
+        return Reply(content="nothing to do", delay_s=0.2)
+
+    runs = []
+    config = None
+    with ScriptedModelServer(quick, models=[MODEL]) as server:
+        config = LoopConfig(model=MODEL, base_url=server.base_url, max_turns=5)
+        for i in range(4):
+            spec = agent_run_spec(f"r{i}", PROBLEM, config, GraderSettings())
+            runs.append(RunDirectory.create(tmp_path / f"r{i}", spec))
+        started = time.monotonic()
+        states = asyncio.run(
+            run_agents(
+                runs, api_key="test-key", concurrency=2, limiter=EndpointLimiter(max_in_flight=2)
+            )
+        )
+        elapsed = time.monotonic() - started
+    for run in runs:
+        run.close()
+    assert [s.status for s in states] == ["stopped: done"] * 4
+    assert elapsed >= 0.4  # 4 runs, 2 at a time, 0.2 s each
+    assert all(s.turn == 1 for s in states)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("LIVE_MODEL_URL"),
+    reason="set LIVE_MODEL_URL, LIVE_MODEL_NAME and LIVE_MODEL_KEY_ENV",
+)
+def test_live_model_smoke(tmp_path: Path) -> None:
+    """Opt-in: a real endpoint answers one turn through the same loop."""
+    url, model = os.environ["LIVE_MODEL_URL"], os.environ["LIVE_MODEL_NAME"]
+    key_env = os.environ.get("LIVE_MODEL_KEY_ENV", "OPENAI_API_KEY")
+    cfg = LoopConfig(model=model, base_url=url, api_key_env=key_env, max_turns=2)
+    client = ModelClient(base_url=url, model=model, api_key=os.environ[key_env], api_key_env=key_env,
+                         profile=profile_for(model))  # fmt: skip
+    loop = AgentLoop(config=cfg, client=client, tools=workspace_tools(tmp_path / "ws"), system_prompt="Be brief.",
+                     task_prompt="Write hello.txt containing 'hi', then stop.",
+                     transcript=Transcript.open(tmp_path / "t.jsonl"))  # fmt: skip
+    outcome = _run(loop)
+    assert outcome.turns >= 1
+    assert outcome.usage.total > 0
