@@ -31,8 +31,7 @@ from agentinfra.agent import (
     workspace_tools,
 )
 from agentinfra.errors import AgentError, ConfigError
-from agentinfra.harness import GraderSettings, RunDirectory
-from agentinfra.harness._agent_run import agent_run_spec, run_agents
+from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
@@ -67,6 +66,8 @@ def kernel_script(body: dict[str, Any]) -> Reply:
                                  ("write_file", json.dumps({"path": "fast.py", "content": CHEAT}))])  # fmt: skip
     if step == 4:
         return Reply(tool_calls=[("submit", json.dumps({"path": "fast.py"}))])
+    if step == 5:
+        return Reply(tool_calls=[("results", json.dumps({"wait_s": 300}))])
     return Reply(content="I am done.")
 
 
@@ -98,7 +99,7 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     assert requests[1]["messages"][2]["reasoning_content"] == "First read the problem."
     assert "</think>" in requests[2]["messages"][4]["content"]
     assert [t["function"]["name"] for t in requests[0]["tools"]] == [
-        "read_problem", "list_files", "read_file", "write_file", "edit_file", "check", "submit"
+        "read_problem", "list_files", "read_file", "write_file", "edit_file", "check", "submit", "results"
     ]  # fmt: skip
     assert list(requests[0]["tools"][3]["function"]["parameters"]["properties"]) == [
         "path",
@@ -112,14 +113,14 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     assert record["task"] == PROBLEM.name
     assert record["sampling"] == {"temperature": 1.0, "top_p": 0.95, "extra_body": {"top_k": 40}}
     assert record["stop_reason"] == "done"
-    assert record["turns"] == 6
-    assert record["usage"] == {"prompt_tokens": 600, "completion_tokens": 120}
+    assert record["turns"] == 7
+    assert record["usage"] == {"prompt_tokens": 700, "completion_tokens": 140}
     roles = [m["role"] for m in record["messages"]]
     assert roles[:3] == ["system", "user", "assistant"]
-    assert roles.count("assistant") == 6
-    assert roles.count("tool") == 6
+    assert roles.count("assistant") == 7
+    assert roles.count("tool") == 7
     assert record["messages"][2]["reasoning_content"] == "First read the problem."
-    assert [t["function"]["name"] for t in record["tools"]][-1] == "submit"
+    assert [t["function"]["name"] for t in record["tools"]][-1] == "results"
     honest, cheat = record["submissions"]
     assert honest["outcome"] == "passed"
     assert honest["reward"] == pytest.approx(honest["speedup"])
@@ -131,7 +132,8 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     assert record["reward"] == honest["reward"]
     # The official verdicts reached the agent in later tool results.
     tool_texts = [m["content"] for m in record["messages"] if m["role"] == "tool"]
-    assert any("[grader]" in t and "outcome=passed" in t for t in tool_texts)
+    assert "solution.py: outcome=passed" in tool_texts[-1]
+    assert "fast.py: outcome=hack_flagged" in tool_texts[-1]
     check = json.loads(tool_texts[2])
     assert check["outcome"] == "passed"
     assert "agent-visible" in check["note"]

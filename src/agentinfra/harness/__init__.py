@@ -3,7 +3,15 @@
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
+from agentinfra.harness._agent_run import (
+    AgentRunState,
+    agent_run_spec,
+    api_key_from_env,
+    run_agent,
+    run_agents,
+)
 from agentinfra.harness._environment import Environment, KernelEnvironment, make_environment
+from agentinfra.harness._export import EXPORT_SCHEMA_VERSION, export_record
 from agentinfra.harness._harness import FINISH_MARKER, Receipt, RunHarness, RunState, inbox_name
 from agentinfra.harness._journal import JOURNAL_SCHEMA_VERSION, Event, Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, best_so_far, compute_metrics
@@ -20,8 +28,10 @@ from agentinfra.harness._rundir import RunDirectory, StoredSubmission
 from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
 
 __all__ = [
+    "AgentRunState",
     "Budget",
     "Change",
+    "EXPORT_SCHEMA_VERSION",
     "Environment",
     "Event",
     "FINISH_MARKER",
@@ -39,10 +49,13 @@ __all__ = [
     "RunState",
     "StoredSubmission",
     "SubmissionRecord",
+    "agent_run_spec",
     "anomalies",
+    "api_key_from_env",
     "best_so_far",
     "build_report",
     "compute_metrics",
+    "export_record",
     "inbox_name",
     "load_recording",
     "load_records",
@@ -50,5 +63,7 @@ __all__ = [
     "regrade",
     "remeasure_best",
     "replay_recording",
+    "run_agent",
+    "run_agents",
     "write_report",
 ]

@@ -141,7 +141,29 @@ async def run_agent(
             "and the score will be appended to a later tool result"
         )
 
-    tools = kernel_tools(Path(run.spec.task), agent_dir / "workspace", submit)
+    async def results(wait_s: float) -> str:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and set(harness.state.received) - set(
+            harness.state.graded
+        ):
+            await asyncio.sleep(0.2)
+        notes.clear()  # everything they would say is in this answer
+        lines = []
+        for sha, sub in sorted(
+            harness.state.received.items(), key=lambda item: item[1].get("seq", 0)
+        ):
+            verdict = harness.state.graded.get(sha)
+            name = str(sub.get("source", "")).removeprefix("agent:")
+            if verdict is None:
+                lines.append(f"{sha[:12]} {name}: still being graded")
+            else:
+                lines.append(
+                    f"{sha[:12]} {name}: outcome={verdict.get('outcome')} correct={verdict.get('correct')} "
+                    f"speedup={verdict.get('speedup')}"
+                )
+        return "\n".join(lines) or "no submissions yet"
+
+    tools = kernel_tools(Path(run.spec.task), agent_dir / "workspace", submit, results)
     loop = AgentLoop(
         config=config, client=client, tools=tools, system_prompt=KERNEL_SYSTEM_PROMPT,
         task_prompt=kernel_task_prompt(Path(run.spec.task)), transcript=transcript,
@@ -215,7 +237,3 @@ async def run_agents(
     if on_change is not None:
         on_change(states)
     return states
-
-
-def _stamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")

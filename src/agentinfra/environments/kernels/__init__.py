@@ -3,6 +3,12 @@
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
+from agentinfra.environments.kernels._agent_tools import (
+    AGENT_VISIBLE_SEED,
+    KERNEL_SYSTEM_PROMPT,
+    kernel_task_prompt,
+    kernel_tools,
+)
 from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade, grade_async
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import probe_sandbox_mode
@@ -10,15 +16,19 @@ from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
 
 __all__ = [
+    "AGENT_VISIBLE_SEED",
     "Finding",
     "GRADER_VERSION",
     "GradeOptions",
+    "KERNEL_SYSTEM_PROMPT",
     "Outcome",
     "ProblemMeta",
     "Provenance",
     "Verdict",
     "grade",
     "grade_async",
+    "kernel_task_prompt",
+    "kernel_tools",
     "load_problem_meta",
     "probe_sandbox_mode",
     "static_findings",

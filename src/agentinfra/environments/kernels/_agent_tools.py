@@ -7,6 +7,8 @@
 - ``submit``: hands the file to the run harness, which grades it with hidden
   seeds and the full protocol; the official verdict arrives later, appended to a
   tool result.
+- ``results``: the official verdicts of the agent's submissions so far, waiting
+  (up to a limit) for the ones still being graded.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ You optimise PyTorch programs. You are given a reference `Model` (a torch.nn.Mod
 `get_inputs()` and `get_init_inputs()`). Write a file that defines `ModelNew` with the same
 constructor arguments and the same outputs, faster. Work in your workspace with the file
 tools, use `check` to test a file (agent-visible seeds, quick timing: a hint only), and
-`submit` a file when you want it scored. Every submission is graded on its own with secret
+`submit` a file when you want it scored, and `results` to see the scores. Every submission is graded on its own with secret
 inputs; outputs must match the reference within tolerance, and tricks that fake speed
 (caching results, skipping work, touching the timer) are detected and scored zero. You may
 submit many times; the best honest submission counts. Reply without a tool call when you
@@ -47,10 +49,14 @@ def kernel_tools(
     problem: Path,
     workspace: Path,
     submit: Callable[[bytes, str], Awaitable[str]],
+    results: Callable[[float], Awaitable[str]],
     *,
     check_options: GradeOptions | None = None,
 ) -> list[Tool]:
-    """The tools of one kernel task; ``submit(data, file_name)`` returns the receipt text."""
+    """The tools of one kernel task.
+
+    ``submit(data, file_name)`` returns the receipt text; ``results(wait_s)`` the verdicts so far.
+    """
     files = workspace_tools(workspace)
     by_name = {t.name: t for t in files}
     options = check_options or GradeOptions(
@@ -88,6 +94,12 @@ def kernel_tools(
         path = resolve(args)
         return await submit(path.read_bytes(), path.name)
 
+    async def results_tool(args: dict[str, Any]) -> str:
+        wait = args.get("wait_s", 0)
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 600:
+            raise ToolError(f"wait_s must be a number of seconds in 0..600, got {wait!r}")
+        return await results(float(wait))
+
     path_schema = {
         "type": "object",
         "properties": {"path": {"type": "string", "description": "A file in your workspace."}},
@@ -116,5 +128,14 @@ def kernel_tools(
             "identical files are graded once.",
             path_schema,
             submit_tool,
+        ),
+        Tool(
+            "results",
+            "Show the official scores of your submissions; wait up to wait_s seconds for pending ones.",
+            {
+                "type": "object",
+                "properties": {"wait_s": {"type": "number", "description": "0 to 600."}},
+            },
+            results_tool,
         ),
     ]
