@@ -18,7 +18,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install -e .
+	$(PIP) install -e '.[hf]'
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
@@ -41,6 +41,11 @@ demo: $(VENV)/.installed
 	@echo "== report: runs/demo-softmax-12h/report.html (self-contained; open it in a browser)"
 	@echo "== KV-cache eviction policies against Belady's optimum on a real trace"
 	$(BIN)/agentinfra kv compare examples/traces/mooncake_synthetic_trace.jsonl
+	@echo "== an agent run end to end (a scripted model on loopback, the real openai client, grader and export)"
+	rm -rf runs/demo-agent
+	$(BIN)/python examples/agent/scripted_run.py runs/demo-agent
+	@echo "== prefill skipped: a random 8-layer Llama at 2,048 tokens, prefix served by the KV cache server"
+	$(BIN)/agentinfra kv demo --layers 8 --tokens 2048 --via server
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

@@ -178,6 +178,7 @@ def run_command(
         for run in runs:
             run.close()
     failed = [s for s in states if s.error]
+    err.print()
     err.print(
         f"done: {len(states) - len(failed)} stopped normally, {len(failed)} failed; `agentinfra export {root}/*` writes the training data"
     )
