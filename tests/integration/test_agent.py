@@ -336,8 +336,10 @@ def test_configuration_problems_are_clear_errors_at_start(tmp_path: Path) -> Non
         asyncio.run(
             preflight(base_url=server.base_url, model=MODEL, api_key="test-key", api_key_env="K")
         )
+        unknown = _loop(tmp_path, server, model="unknown-model")
         with pytest.raises(AgentError, match="does not know model"):
-            _run(_loop(tmp_path, server, model="unknown-model"))
+            _run(unknown)
+        assert _types(unknown) == ["loop_started", "failed"]  # the journal says why it ended
     with pytest.raises(AgentError, match=r"cannot reach.*--base-url"):
         asyncio.run(
             preflight(base_url="http://127.0.0.1:9/v1", model=MODEL, api_key="k", api_key_env="K")

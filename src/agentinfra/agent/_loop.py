@@ -193,6 +193,14 @@ class AgentLoop:
                 "loop_started",
                 {"config": self.config.to_json(), "messages": self.messages, "tools": self.schemas},
             )
+        try:
+            return await self._turns()
+        except AgentError as exc:
+            self.status = f"failed: {exc}"
+            self.transcript.append("failed", {"turn": self.turn, "error": str(exc)[:2000]})
+            raise
+
+    async def _turns(self) -> AgentOutcome:
         while True:
             reason = self._budget_exhausted()
             if reason is not None:

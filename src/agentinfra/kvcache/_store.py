@@ -400,6 +400,9 @@ class TieredStore:
             self._release(session)
             session.state = SessionState.WAITING
             session.deadline_s = self._clock() + ttl_s
+            touch = getattr(self.remote, "touch", None)
+            if callable(touch) and session.keys:  # the shared copy outlives the wait, too
+                touch(list(session.keys), ttl_s)
             self._expire()
 
     def _close_session(self, session: Session) -> None:

@@ -235,3 +235,33 @@ def test_many_threads_share_one_store(tmp_path: Path) -> None:
         thread.join()
     assert errors == []
     assert store.stats().misses_by_reason["checksum"] == 0
+
+
+class RecordingRemote(MemoryTier):
+    """A remote tier fake: a memory tier that records TTL extensions."""
+
+    name = "remote"
+
+    def __init__(self) -> None:
+        super().__init__(1 << 30)
+        self.touched: list[tuple[list[bytes], float]] = []
+
+    def touch(self, keys: list[bytes], ttl_s: float) -> None:
+        self.touched.append((list(keys), ttl_s))
+
+
+def test_remote_tier_is_written_through_read_after_local_and_touched_by_sessions() -> None:
+    remote = RecordingRemote()
+    writer = TieredStore(MemoryTier(1 << 30), remote=remote)
+    keys = put_tokens(writer, list(range(64)))
+    assert all(k in remote for k in keys)  # written through
+    reader = TieredStore(MemoryTier(1 << 30), remote=remote)  # another node
+    assert reader.leading_hits(keys) == len(keys)
+    assert len(reader.get(keys)) == len(keys)
+    assert all(k in reader.memory for k in keys)  # promoted
+    session = writer.open_session("agent")
+    session.begin_turn(keys)
+    session.end_turn(ttl_s=90)
+    assert remote.touched == [(keys, 90)]
+    assert writer.stats().tiers[-1].name == "remote"
+    assert writer.remove(keys) == 2 * len(keys)  # memory and remote copies
