@@ -120,8 +120,15 @@ class ServerConfig:
             raise ConfigError(
                 f"max_frame_bytes={self.max_frame_bytes} must be >= 1024 (--max-frame)"
             )
-        if self.request_timeout_s <= 0 or self.workers < 1 or self.max_connections < 1:
-            raise ConfigError("request_timeout_s, workers and max_connections must be positive")
+        if (
+            self.request_timeout_s <= 0
+            or self.workers < 1
+            or self.max_connections < 1
+            or self.concurrent_sends < 1
+        ):
+            raise ConfigError(
+                "request_timeout_s, workers, max_connections and concurrent_sends must be positive"
+            )
 
 
 class _Connection:
