@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -330,3 +331,55 @@ def test_server_keeps_serving_when_redis_dies(tmp_path: Path, redis_url: str) ->
             assert remote.errors >= 1
     finally:
         thread.close()
+
+
+def test_cli_serve_stats_and_explain_with_tokens(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# tenant token\nteam-a secret-a\nteam-b secret-b\n")
+    client_token = tmp_path / "client-token"
+    client_token.write_text("secret-a\n")
+    port = free_port()
+    process = _serve(port, tmp_path / "kv", "--token-file", str(tokens))
+    try:
+        ns = Namespace(model_id="cli-model", kv_dtype="float32", block_size_tokens=16)
+        ids = list(range(64))
+        keys = block_keys(ns, ids)
+        rng = np.random.default_rng(3)
+        with CacheClient("127.0.0.1", port, token="secret-a") as client:
+            client.put(keys[:2], [rng.random((2, 2, 16, 2, 8), dtype=np.float32) for _ in range(2)])
+        (tmp_path / "ids.json").write_text(json.dumps(ids))
+        common = ["--port", str(port), "--token-file", str(client_token)]
+        stats = subprocess.run(
+            [sys.executable, "-m", "agentinfra", "kv", "stats", "--json", *common],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        data = json.loads(stats.stdout)
+        assert data["tiers"][0]["blocks"] == 2
+        assert data["tiers"][1]["name"] == "disk"
+        assert data["tiers"][1]["blocks"] == 2  # write-through
+        explain = subprocess.run(
+            [sys.executable, "-m", "agentinfra", "kv", "explain", str(tmp_path / "ids.json"), "--model-id",
+             "cli-model", "--kv-dtype", "float32", "--block-size", "16", *common],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert "2/4 blocks hit" in explain.stdout
+        assert "block 2" in explain.stdout
+        assert "never stored" in explain.stdout
+        client_token.write_text("wrong\n")
+        refused = subprocess.run(
+            [sys.executable, "-m", "agentinfra", "kv", "stats", *common],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 2
+        assert "UNAUTHORIZED" in refused.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    bad = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "kv", "serve", "--port", str(free_port()), "--token-file", str(empty)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "holds no token (--token-file)" in bad.stderr
