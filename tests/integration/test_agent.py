@@ -397,3 +397,59 @@ def test_live_model_smoke(tmp_path: Path) -> None:
     outcome = _run(loop)
     assert outcome.turns >= 1
     assert outcome.usage.total > 0
+
+
+class Crash(BaseException):
+    """Stands in for kill -9 in the middle of a tool call (not caught by the loop)."""
+
+
+def test_resume_in_process_reruns_only_the_unfinished_call(tmp_path: Path) -> None:
+    from agentinfra.agent import Tool
+
+    script = [
+        Reply(
+            tool_calls=[
+                ("write_file", json.dumps({"path": "a.txt", "content": "1"})),
+                ("flaky", "{}"),
+            ]
+        ),
+        Reply(content="done"),
+    ]
+    runs: list[str] = []
+
+    async def crashing(args: dict[str, Any]) -> str:
+        runs.append("crash")
+        raise Crash
+
+    async def working(args: dict[str, Any]) -> str:
+        runs.append("ok")
+        return "fine"
+
+    schema = {"type": "object", "properties": {}}
+    path = tmp_path / "t.jsonl"
+    with ScriptedModelServer(script, models=[MODEL]) as server:
+        cfg = LoopConfig(model=MODEL, base_url=server.base_url, stream=False)
+
+        def make(handler: Any) -> AgentLoop:
+            client = ModelClient(base_url=server.base_url, model=MODEL, api_key="test-key", api_key_env="K",
+                                 profile=profile_for(MODEL))  # fmt: skip
+            tools = [*workspace_tools(tmp_path / "ws"), Tool("flaky", "A tool.", schema, handler)]
+            return AgentLoop(config=cfg, client=client, tools=tools, system_prompt="s", task_prompt="t",
+                             transcript=Transcript.open(path))  # fmt: skip
+
+        with pytest.raises(Crash):
+            _run(make(crashing))
+        resumed = make(working)
+        outcome = _run(resumed)
+        assert len(server.requests) == 2  # turn 1 was not asked again
+    assert outcome.stop_reason == "done"
+    assert runs == ["crash", "ok"]
+    types = [e.type for e in resumed.transcript.events]
+    assert types.count("tool_started") == 3  # write_file once, flaky twice
+    assert [e.data["name"] for e in resumed.transcript.events if e.type == "tool_result"] == [
+        "write_file",
+        "flaky",
+    ]
+    assert (tmp_path / "ws" / "a.txt").read_text() == "1"
+    second = server.requests[1]["messages"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
