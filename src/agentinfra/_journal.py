@@ -89,13 +89,19 @@ class Journal:
         self._size = size
 
     @classmethod
-    def open(cls, path: Path) -> Self:
-        """Opens (creating if absent) and replays ``path``.
+    def read(cls, path: Path) -> list[Event]:
+        """The events of ``path``, read only: a torn last line is skipped, nothing is written.
 
         Raises:
-            error_class: corrupt line before the last, a gap in seq, or a newer schema.
+            error_class: the file is missing, a corrupt line before the last, a gap in seq, or a newer schema.
         """
-        raw = path.read_bytes() if path.exists() else b""
+        if not path.exists():
+            raise cls.error_class(f"{path} does not exist")
+        return cls._replay(path, path.read_bytes())[0]
+
+    @classmethod
+    def _replay(cls, path: Path, raw: bytes) -> tuple[list[Event], int]:
+        """Parses ``raw``; returns the events and the byte length of the good lines."""
         lines = raw.split(b"\n")
         events: list[Event] = []
         good_bytes = 0
@@ -121,6 +127,17 @@ class Journal:
                 )
             events.append(event)
             good_bytes += len(line) + 1
+        return events, good_bytes
+
+    @classmethod
+    def open(cls, path: Path) -> Self:
+        """Opens (creating if absent) and replays ``path``; a torn last line is truncated away.
+
+        Raises:
+            error_class: corrupt line before the last, a gap in seq, or a newer schema.
+        """
+        raw = path.read_bytes() if path.exists() else b""
+        events, good_bytes = cls._replay(path, raw)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if good_bytes != len(raw):
             os.ftruncate(fd, good_bytes)

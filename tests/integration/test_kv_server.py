@@ -24,12 +24,12 @@ from services import free_port
 from agentinfra.errors import TierUnavailableError
 from agentinfra.kvcache import (
     CacheClient,
-    CacheServer,
     MemoryTier,
     Namespace,
     Op,
     ProtocolError,
     ServerConfig,
+    ServerThread,
     Status,
     TieredStore,
     block_keys,
@@ -40,42 +40,13 @@ from agentinfra.kvcache._protocol import HEADER, decode_error, encode_header, en
 NS = Namespace(model_id="test-model", kv_dtype="float32", block_size_tokens=16)
 
 
-class ServerThread:
-    """A `CacheServer` on its own loop and thread, so a test's sync clients can talk to it."""
-
-    def __init__(self, store: TieredStore, **config: object) -> None:
-        self.store = store
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self.server: CacheServer | None = None
-        self._config = ServerConfig(port=0, **config)  # type: ignore[arg-type]
-        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
-        self._thread.start()
-        assert self._ready.wait(10)
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        async with CacheServer(self.store, self._config) as server:
-            self.server = server
-            self._ready.set()
-            await self._stop.wait()
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.port
-
-    def close(self) -> None:
-        assert self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-        self._loop.close()
+def serve_in_thread(store: TieredStore, **config: object) -> ServerThread:
+    return ServerThread(store, ServerConfig(port=0, **config))  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def server() -> Iterator[ServerThread]:
-    thread = ServerThread(TieredStore(MemoryTier(256 << 20)), metrics_port=0)
+    thread = serve_in_thread(TieredStore(MemoryTier(256 << 20)), metrics_port=0)
     yield thread
     thread.close()
 
@@ -125,7 +96,7 @@ def test_roundtrip_isolation_stats_explain_and_metrics(server: ServerThread) -> 
 
 
 def test_tokens_are_required_and_decide_the_tenant() -> None:
-    thread = ServerThread(TieredStore(MemoryTier(64 << 20)), tokens={"good": "team-a"})
+    thread = serve_in_thread(TieredStore(MemoryTier(64 << 20)), tokens={"good": "team-a"})
     try:
         with pytest.raises(ProtocolError) as caught:
             CacheClient("127.0.0.1", thread.port, token="wrong")
@@ -160,7 +131,7 @@ def _read_error(raw: socket.socket) -> ProtocolError:
 
 
 def test_oversized_truncated_and_garbage_frames_close_only_their_connection() -> None:
-    thread = ServerThread(TieredStore(MemoryTier(64 << 20)), max_frame_bytes=8192)
+    thread = serve_in_thread(TieredStore(MemoryTier(64 << 20)), max_frame_bytes=8192)
     keys, blocks = chain()
     try:
         with CacheClient("127.0.0.1", thread.port) as good:
@@ -312,7 +283,7 @@ def test_server_keeps_serving_when_redis_dies(tmp_path: Path, redis_url: str) ->
     from agentinfra.kvcache import RedisTier
 
     remote = RedisTier(redis_url, retry_after_s=0.5, socket_timeout_s=1)
-    thread = ServerThread(TieredStore(MemoryTier(64 << 20), remote=remote))
+    thread = serve_in_thread(TieredStore(MemoryTier(64 << 20), remote=remote))
     keys, blocks = chain()
     try:
         with CacheClient("127.0.0.1", thread.port) as client:

@@ -16,7 +16,6 @@ from agentinfra.agent._loop import (
     AgentOutcome,
     LoopConfig,
     Transcript,
-    read_transcript_config,
 )
 from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage, preflight
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
@@ -44,7 +43,6 @@ __all__ = [
     "parse_minimax_reply",
     "preflight",
     "profile_for",
-    "read_transcript_config",
     "split_reasoning",
     "tool_schemas",
     "workspace_tools",

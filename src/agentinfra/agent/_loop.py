@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from agentinfra._journal import Journal
@@ -31,7 +30,7 @@ from agentinfra.agent._toolcalls import parse_minimax_reply
 from agentinfra.agent._tools import Tool, ToolError, tool_schemas
 from agentinfra.errors import AgentError, ConfigError
 
-__all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript", "read_transcript_config"]
+__all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript"]
 
 logger = logging.getLogger(__name__)
 _CHARS_PER_TOKEN = 3.5
@@ -434,15 +433,3 @@ class AgentLoop:
 
 def _tool_message(call_id: str, content: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
-def read_transcript_config(path: Path) -> LoopConfig:
-    """The `LoopConfig` a transcript was started with."""
-    transcript = Transcript.open(path)
-    try:
-        for event in transcript.events:
-            if event.type == "loop_started":
-                return LoopConfig.from_json(event.data["config"])
-    finally:
-        transcript.close()
-    raise AgentError(f"{path} has no loop_started event; it is not an agent transcript")

@@ -68,12 +68,12 @@ def _coerce(value: str, schema: Mapping[str, Any] | None) -> Any:
     kind = (schema or {}).get("type")
     kinds = kind if isinstance(kind, list) else [kind]
     text = value.strip()
-    if "string" in kinds or kind is None:
-        if kind is None:
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError:
-                return value
+    if kind is None:  # no schema type: JSON when it parses, else the text
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return value
+    if "string" in kinds:
         return value
     if text == "null" and "null" in kinds:
         return None

@@ -24,7 +24,6 @@ from agentinfra.harness._agent_run import (
     AgentRunState,
     agent_run_spec,
     api_key_from_env,
-    run_agent,
     run_agents,
 )
 from agentinfra.harness._export import export_record
@@ -149,6 +148,7 @@ def run_command(
         request_timeout_s=settings.agent.request_timeout_s,
     )  # fmt: skip
     api_key = api_key_from_env(api_key_env)
+    jobs = concurrency or settings.agent.concurrency
     asyncio.run(
         preflight(base_url=config.base_url, model=model, api_key=api_key, api_key_env=api_key_env)
     )
@@ -162,15 +162,13 @@ def run_command(
         runs.append(
             RunDirectory.create(root / run_id, agent_run_spec(run_id, task, config, grader))
         )
-    err.print(
-        f"{len(runs)} run(s) under {root}; concurrency {concurrency or settings.agent.concurrency}"
-    )
+    err.print(f"{len(runs)} run(s) under {root}; concurrency {jobs}")
     try:
         with Live(_table([]), console=err, refresh_per_second=2) as live:
             states = asyncio.run(
                 run_agents(
-                    runs, api_key=api_key, concurrency=concurrency or settings.agent.concurrency,
-                    limiter=EndpointLimiter(max_in_flight=max(1, concurrency or settings.agent.concurrency), rpm=rpm),
+                    runs, api_key=api_key, concurrency=jobs,
+                    limiter=EndpointLimiter(max_in_flight=jobs, rpm=rpm),
                     eval_workers=eval_workers, on_change=lambda s: live.update(_table(s)),
                 )
             )  # fmt: skip
@@ -190,25 +188,15 @@ def resume_agent(run: RunDirectory) -> None:
     """Continues an agent run after a crash: grading queue and agent, each from its journal."""
     config = LoopConfig.from_json(run.spec.agent["loop"])
     api_key = api_key_from_env(config.api_key_env)
-    state = AgentRunState(run.spec.run_id, run.path)
-    with Live(_table([state]), console=err, refresh_per_second=2) as live:
-
-        async def go() -> None:
-            task = asyncio.create_task(
-                run_agent(run, api_key=api_key, limiter=EndpointLimiter(), state=state)
+    with Live(_table([]), console=err, refresh_per_second=2) as live:
+        (state,) = asyncio.run(
+            run_agents(
+                [run], api_key=api_key, concurrency=1, limiter=EndpointLimiter(),
+                on_change=lambda states: live.update(_table(states)),
             )
-            while not task.done():
-                if state.loop is not None:
-                    state.turn, state.tokens, state.status = (
-                        state.loop.turn,
-                        state.loop.usage.total,
-                        state.loop.status,
-                    )
-                live.update(_table([state]))
-                await asyncio.sleep(0.5)
-            await task
-
-        asyncio.run(go())
+        )  # fmt: skip
+    if state.failure is not None:
+        raise state.failure
     outcome = state.outcome
     err.print(
         f"agent stopped: {outcome.stop_reason if outcome else 'unknown'} after {state.turn} turns"

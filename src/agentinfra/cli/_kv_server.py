@@ -23,6 +23,7 @@ from agentinfra.kvcache import (
     Namespace,
     RedisTier,
     ServerConfig,
+    ServerThread,
     TieredStore,
     block_keys,
     load_token_file,
@@ -234,7 +235,7 @@ def demo_command(
             warm = PrefixCachedModel(model, reader, namespace, save=False).prefill(ids)
             reader.close()
         else:
-            server = _ServerThread(writer)
+            server = ServerThread(writer)
             try:
                 with CacheClient("127.0.0.1", server.port, tenant="demo") as client:
                     cold = PrefixCachedModel(model, client, namespace).prefill(ids)
@@ -258,35 +259,6 @@ def demo_command(
         f"{warm.ttft_s / cold.ttft_s:.1%} of recompute; max |logit difference| {diff:.2e}",
         highlight=False,
     )
-
-
-class _ServerThread:
-    """The demo's server on a thread of its own (the CLI's main thread is the client)."""
-
-    def __init__(self, store: TieredStore) -> None:
-        import threading
-
-        self._store = store
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self.port = 0
-        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
-        self._thread.start()
-        self._ready.wait(30)
-
-    async def _main(self) -> None:
-        self._stop = asyncio.Event()
-        async with CacheServer(self._store, ServerConfig(port=0)) as server:
-            self.port = server.port
-            self._ready.set()
-            await self._stop.wait()
-
-    def close(self) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-        self._loop.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -58,6 +58,8 @@ class AgentRunState:
     best_speedup: float | None = None
     outcome: AgentOutcome | None = None
     error: str | None = None
+    failure: Exception | None = field(default=None, repr=False)
+    """The exception that ended the run, for a caller that wants to raise it."""
     loop: AgentLoop | None = field(default=None, repr=False)
 
 
@@ -211,6 +213,7 @@ async def run_agents(
             except Exception as exc:  # recorded per run; the others go on
                 state.status = "failed"
                 state.error = f"{type(exc).__name__}: {exc}"
+                state.failure = exc
 
     async def watch() -> None:
         while True:

@@ -1,19 +1,19 @@
 """Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 1).
 
-Read-only: the run's ``run.json``, its journal (trusted verdicts) and the agent
-transcript. The messages are the full history as the model produced it
+Read-only (`Journal.read`: a torn last line is skipped, nothing is written): the
+run's ``run.json``, its journal (trusted verdicts) and the agent transcript. The messages are the full history as the model produced it
 (reasoning and tool calls included, nothing trimmed); rewards come from the
 harness's verdicts, never from anything the agent said.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from agentinfra.agent import profile_for
+from agentinfra.agent import LoopConfig, Usage, profile_for
 from agentinfra.errors import HarnessError
+from agentinfra.harness._journal import Journal
 from agentinfra.harness._rundir import RunDirectory
 
 __all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]
@@ -40,8 +40,8 @@ def export_record(run_path: Path) -> dict[str, Any]:
         raise HarnessError(
             f"{run_path} has no agent transcript (agent/transcript.jsonl); only `agentinfra run` runs export"
         )
-    journal_events = _read_events(run_path / "journal.jsonl")
-    agent_events = _read_events(transcript_path)
+    journal_events = Journal.read(run_path / "journal.jsonl")
+    agent_events = Journal.read(transcript_path)
     messages: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
     config: dict[str, Any] = {}
@@ -66,11 +66,10 @@ def export_record(run_path: Path) -> dict[str, Any]:
     received: dict[str, dict[str, Any]] = {}
     graded: dict[str, dict[str, Any]] = {}
     for event in journal_events:
-        sha = event.data.get("sha256")
         if event.type == "submission_received":
-            received.setdefault(sha, {**event.data, "seq": event.seq})
-        elif event.type == "graded":
-            graded[sha] = event.data  # the latest grader version's verdict wins
+            received.setdefault(str(event.data["sha256"]), {**event.data, "seq": event.seq})
+        elif event.type == "graded":  # the latest grader version's verdict wins
+            graded[str(event.data["sha256"])] = event.data
     submissions = []
     for sha, sub in sorted(received.items(), key=lambda item: item[1]["seq"]):
         verdict = graded.get(sha, {})
@@ -82,7 +81,7 @@ def export_record(run_path: Path) -> dict[str, Any]:
             "reward": _reward(outcome, verdict.get("speedup")), "graded": bool(verdict),
         })  # fmt: skip
     model = config.get("model", "")
-    price_in, price_out = config.get("price_in_per_mtok"), config.get("price_out_per_mtok")
+    cost = LoopConfig.from_json(config).cost(Usage(prompt, completion)) if config else None
     return {
         "schema_version": EXPORT_SCHEMA_VERSION,
         "run_id": info.spec.run_id,
@@ -96,35 +95,7 @@ def export_record(run_path: Path) -> dict[str, Any]:
         "submissions": submissions,
         "reward": max((s["reward"] for s in submissions), default=0.0),
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
-        "cost_usd": None
-        if price_in is None or price_out is None
-        else (prompt * price_in + completion * price_out) / 1e6,
+        "cost_usd": cost,
         "turns": stop.get("turns"),
         "stop_reason": stop.get("reason"),
     }
-
-
-def _read_events(path: Path) -> list[Any]:
-    if not path.exists():
-        raise HarnessError(f"{path} does not exist")
-    # Not Journal.open: it repairs a torn last line in place, and exporting must not write.
-    lines = path.read_bytes().split(b"\n")
-    events = []
-    for number, line in enumerate(lines, 1):
-        if not line:
-            continue
-        try:
-            body = json.loads(line)
-        except ValueError:
-            if number >= len(lines) - 1:
-                break  # a torn last line: ignore it, as the journal itself would
-            raise HarnessError(f"{path}:{number}: not JSON") from None
-        events.append(_Event(body["seq"], body["type"], body["data"]))
-    return events
-
-
-class _Event:
-    __slots__ = ("data", "seq", "type")
-
-    def __init__(self, seq: int, type_: str, data: dict[str, Any]) -> None:
-        self.seq, self.type, self.data = seq, type_, data

@@ -36,7 +36,13 @@ from agentinfra.kvcache._replay import (
     replay,
     unique_blocks,
 )
-from agentinfra.kvcache._server import CacheServer, ServerConfig, load_token_file, tenant_key
+from agentinfra.kvcache._server import (
+    CacheServer,
+    ServerConfig,
+    ServerThread,
+    load_token_file,
+    tenant_key,
+)
 from agentinfra.kvcache._store import (
     EvictionRecord,
     Explanation,
@@ -87,6 +93,7 @@ __all__ = [
     "RedisTier",
     "ReplayResult",
     "ServerConfig",
+    "ServerThread",
     "Session",
     "SessionState",
     "Status",

@@ -13,7 +13,7 @@ from typing import cast
 from agentinfra.kvcache._index import BlockIndex
 from agentinfra.kvcache._keys import BlockKey
 from agentinfra.kvcache._policies import EvictionPolicy, make_policy
-from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats
+from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats, copy_into
 
 __all__ = ["MemoryTier"]
 
@@ -55,14 +55,7 @@ class MemoryTier:
     def get_into(
         self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]
     ) -> list[int | None]:
-        written: list[int | None] = []
-        for data, buffer in zip(self.get(keys), buffers, strict=True):
-            if data is None or len(buffer) < len(data):
-                written.append(None)
-                continue
-            memoryview(buffer)[: len(data)] = data
-            written.append(len(data))
-        return written
+        return copy_into(self.get(keys), buffers)
 
     def put(
         self,

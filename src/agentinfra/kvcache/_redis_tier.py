@@ -22,7 +22,7 @@ from typing import Any
 
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache._keys import BlockKey
-from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats
+from agentinfra.kvcache._tier import PutResult, TierCounters, TierStats, copy_into
 
 __all__ = ["RedisTier"]
 
@@ -187,14 +187,7 @@ class RedisTier:
     def get_into(
         self, keys: Sequence[BlockKey], buffers: Sequence[bytearray | memoryview]
     ) -> list[int | None]:
-        written: list[int | None] = []
-        for data, buffer in zip(self.get(keys), buffers, strict=True):
-            if data is None or len(buffer) < len(data):
-                written.append(None)
-                continue
-            memoryview(buffer)[: len(data)] = data
-            written.append(len(data))
-        return written
+        return copy_into(self.get(keys), buffers)
 
     def put(
         self,
@@ -219,7 +212,8 @@ class RedisTier:
         self._counts.count_put(outcome)
         return outcome
 
-    def remove(self, keys: Sequence[BlockKey]) -> int:
+    def _stored_names(self, keys: Sequence[BlockKey]) -> tuple[list[str], int]:
+        """Every Redis key (meta and chunks) of the blocks of ``keys`` that are held, and how many are."""
         metas = self._metas(keys)
         names = [
             self._name(key, suffix)
@@ -227,21 +221,18 @@ class RedisTier:
             if meta is not None
             for suffix in ["m", *map(str, range(meta[0]))]
         ]
+        return names, sum(meta is not None for meta in metas)
+
+    def remove(self, keys: Sequence[BlockKey]) -> int:
+        names, held = self._stored_names(keys)
         self._pipeline([("delete", (name,), {}) for name in names])
-        return sum(meta is not None for meta in metas)
+        return held
 
     def touch(self, keys: Sequence[BlockKey], ttl_s: float) -> None:
         """Extends the TTL of ``keys`` (a waiting agent session's blocks) to at least ``ttl_s``."""
-        metas = self._metas(keys)
+        names, _ = self._stored_names(keys)
         ttl_ms = max(int(ttl_s * 1000), self.ttl_ms or 0)
-        self._pipeline(
-            [
-                ("pexpire", (self._name(key, suffix), ttl_ms), {})
-                for key, meta in zip(keys, metas, strict=True)
-                if meta is not None
-                for suffix in ["m", *map(str, range(meta[0]))]
-            ]
-        )
+        self._pipeline([("pexpire", (name, ttl_ms), {}) for name in names])
 
     def stats(self) -> TierStats:
         """Counters of this client; ``blocks`` and ``used_bytes`` are Redis's key count and memory."""

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,7 +53,7 @@ from agentinfra.kvcache._protocol import (
 )
 from agentinfra.kvcache._store import TieredStore
 
-__all__ = ["CacheServer", "ServerConfig", "load_token_file", "tenant_key"]
+__all__ = ["CacheServer", "ServerConfig", "ServerThread", "load_token_file", "tenant_key"]
 
 logger = logging.getLogger(__name__)
 _KEY_OFFSET = 48
@@ -229,14 +230,16 @@ class _Connection:
             raise ProtocolError(Status.UNAUTHORIZED, f"{op.name} before HELLO; send HELLO first")
         tenant = self.tenant
         store, call = self.server.store, self.server.call
+        client_keys: list[BlockKey] = []
+        keys: list[BlockKey] = []
+        if op in (Op.LEADING_HITS, Op.GET, Op.REMOVE, Op.EXPLAIN):
+            client_keys = decode_keys(payload)
+            keys = [tenant_key(tenant, k) for k in client_keys]
         if op is Op.LEADING_HITS:
-            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
             self.server.metrics.queries.inc(len(keys))
             inline = store.remote is None or self.server.in_memory(keys)
             return [encode_u32(await call(store.leading_hits, keys, inline=inline))]
         if op is Op.GET:
-            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
-            client_keys = decode_keys(payload)
             blocks = await call(store.get, keys, inline=self.server.in_memory(keys))
             self.server.metrics.queries.inc(len(keys))
             self.server.metrics.hits.inc(len(blocks))
@@ -257,7 +260,6 @@ class _Connection:
         if op is Op.PUT:
             return [encode_u32(await call(self._put, tenant, payload))]
         if op is Op.REMOVE:
-            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
             return [encode_u32(await call(store.remove, keys))]
         if op is Op.STATS:
             if payload:
@@ -266,11 +268,10 @@ class _Connection:
             stats["server"] = self.server.describe()
             return [encode_json(stats)]
         if op is Op.EXPLAIN:
-            keys = [tenant_key(tenant, k) for k in decode_keys(payload)]
             explanation = await call(store.explain_keys, keys)
             result = dataclasses.asdict(explanation)
             if explanation.first_missing is not None:  # name the client's key, not the store's
-                result["key"] = decode_keys(payload)[explanation.first_missing].hex()
+                result["key"] = client_keys[explanation.first_missing].hex()
             return [encode_json(result)]
         raise ProtocolError(Status.UNKNOWN_OPCODE, f"opcode {op.name} is not a request")
 
@@ -420,3 +421,49 @@ class CacheServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+class ServerThread:
+    """A `CacheServer` on an event loop of its own thread, for sync programs (demos, tests).
+
+    Servers proper run with ``asyncio.run`` (`agentinfra kv serve`); this is for a
+    process whose main thread is a sync client of the same server.
+    """
+
+    def __init__(self, store: TieredStore, config: ServerConfig | None = None) -> None:
+        self._store = store
+        self._config = config or ServerConfig(port=0)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+        self.server: CacheServer | None = None
+        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._main(),))
+        self._thread.start()
+        self._ready.wait(30)
+        if self.server is None:
+            self._thread.join(10)
+            self._loop.close()
+            raise self._failure or ConfigError("the kv server thread did not start within 30 s")
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        try:
+            async with CacheServer(self._store, self._config) as server:
+                self.server = server
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:
+            self._failure = exc
+            self._ready.set()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+        self._loop.close()

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from agentinfra.kvcache._keys import BlockKey
 
-__all__ = ["PutResult", "Tier", "TierCounters", "TierStats"]
+__all__ = ["PutResult", "Tier", "TierCounters", "TierStats", "copy_into"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,20 @@ class TierCounters:
             capacity_bytes=capacity_bytes,
             **asdict(self),
         )
+
+
+def copy_into(
+    found: Sequence[bytes | None], buffers: Sequence[bytearray | memoryview]
+) -> list[int | None]:
+    """`Tier.get_into` for tiers that read whole blocks: copies each into its buffer."""
+    written: list[int | None] = []
+    for data, buffer in zip(found, buffers, strict=True):
+        if data is None or len(buffer) < len(data):
+            written.append(None)
+            continue
+        memoryview(buffer)[: len(data)] = data
+        written.append(len(data))
+    return written
 
 
 class Tier(Protocol):
