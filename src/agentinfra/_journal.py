@@ -166,6 +166,9 @@ class Journal:
                 f"cannot write journal {self.path}: {exc.strerror or exc}; free disk space and resume the run"
             ) from None
         self._size += len(line)
+        # Keep what was written, not the caller's objects: a caller that later mutates
+        # its dicts or lists must not change the journal's events in memory.
+        event = _parse(line, str(self.path), self.error_class)
         self.events.append(event)
         return event
 
