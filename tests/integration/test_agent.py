@@ -309,6 +309,10 @@ def test_context_management_shortens_then_drops_old_turns(tmp_path: Path) -> Non
     assert any(c["op"] == "drop" for t in trims for c in t["changes"])
     assert max(sizes) < 6000 * 3.5  # 8 turns of 6 KB would be about 50 KB untrimmed
     final = server.requests[-1]["messages"]
+    replayed = AgentLoop(config=loop.config, client=loop.client, tools=workspace_tools(tmp_path / "ws"),
+                         system_prompt="s", task_prompt="t", transcript=loop.transcript)  # fmt: skip
+    replayed._replay()
+    assert replayed.messages == loop.messages  # a resume rebuilds exactly the trimmed history
     assert final[0] == {"role": "system", "content": "s"}
     assert final[1] == {"role": "user", "content": "t"}
     tool_ids = {m["tool_call_id"] for m in final if m["role"] == "tool"}
@@ -340,6 +344,10 @@ def test_configuration_problems_are_clear_errors_at_start(tmp_path: Path) -> Non
         with pytest.raises(AgentError, match="does not know model"):
             _run(unknown)
         assert _types(unknown) == ["loop_started", "failed"]  # the journal says why it ended
+    with ScriptedModelServer([], models=[MODEL]) as gone:
+        dead = _loop(tmp_path, gone)
+    with pytest.raises(AgentError, match=r"cannot reach.*--base-url"):  # the loop's first call, too
+        _run(dead)
     with pytest.raises(AgentError, match=r"cannot reach.*--base-url"):
         asyncio.run(
             preflight(base_url="http://127.0.0.1:9/v1", model=MODEL, api_key="k", api_key_env="K")
