@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test check lint typecheck pytest install install-dev clean
+.PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -29,7 +29,14 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-demo: $(VENV)/.installed
+# Debian packages the tests and the demo need (installed with apt-get as root,
+# else one line naming them): scripts/system-deps.sh.
+system-deps-test:
+	@scripts/system-deps.sh test
+system-deps-demo:
+	@scripts/system-deps.sh demo
+
+demo: system-deps-demo $(VENV)/.installed
 	$(BIN)/agentinfra info
 	@echo "== grading an honest 20x speedup on an inefficient reference"
 	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
@@ -55,7 +62,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: install-dev
+pytest: system-deps-test install-dev
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc

@@ -62,7 +62,7 @@ def main() -> None:
     sub = record["submissions"][0]
     print(
         f"agent run {record['run_id']}: {record['turns']} turns, stop={record['stop_reason']}, "
-        f"submission {sub['sha256'][:12]} {sub['outcome']} at {sub['speedup']:.1f}x, reward {record['reward']:.1f}; "
+        f"submission {sub['sha256'][:12]} {sub['outcome']} at {sub['score']:.1f}x, reward {record['reward']:.1f}; "
         f"{len(record['messages'])} messages exported to {out / 'export.jsonl'}"
     )
 

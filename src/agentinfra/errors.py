@@ -11,17 +11,21 @@ never exceptions. Third-party exceptions are translated at the component boundar
     ├── ConfigError              a setting or argument has a bad value
     ├── KVCacheError             kvcache/
     │   ├── BlockFormatError     a block's bytes are not a block this version reads
+    │   ├── ProtocolError        a frame broke the cache protocol, or the server answered an error
     │   ├── StoreLockedError     a store directory is owned by another store, or is not a store
     │   ├── TierUnavailableError a tier (disk, server, Redis) cannot be reached
     │   └── TraceFormatError     a request trace line is malformed
     ├── HarnessError             harness/ (runs, journal, queue, reports)
     ├── TaskEnvironmentError     environments/ (problems, graders)
     └── AgentError               agent/ (model endpoint, tools, loop)
+        └── ToolError            the model called a tool wrongly (the message goes back to it)
 
 Every message says what happened, the offending value, and the knob to change.
 """
 
 from __future__ import annotations
+
+import enum
 
 __all__ = [
     "AgentError",
@@ -30,9 +34,11 @@ __all__ = [
     "ConfigError",
     "HarnessError",
     "KVCacheError",
+    "ProtocolError",
     "StoreLockedError",
     "TaskEnvironmentError",
     "TierUnavailableError",
+    "ToolError",
     "TraceFormatError",
 ]
 
@@ -51,6 +57,17 @@ class KVCacheError(AgentInfraError):
 
 class BlockFormatError(KVCacheError):
     """A block's header or payload is not in a format this version reads."""
+
+
+class ProtocolError(KVCacheError):
+    """A frame broke the cache protocol, or the server answered with an error frame.
+
+    ``status`` is the protocol's status code (`agentinfra.kvcache.Status`).
+    """
+
+    def __init__(self, status: enum.IntEnum, message: str) -> None:
+        super().__init__(f"{status.name}: {message}")
+        self.status = status
 
 
 class StoreLockedError(KVCacheError):
@@ -75,3 +92,7 @@ class TaskEnvironmentError(AgentInfraError):
 
 class AgentError(AgentInfraError):
     """Base of the agent loop's errors (endpoint configuration, loop failures)."""
+
+
+class ToolError(AgentError):
+    """The model called a tool wrongly; the message goes back to the model as the result."""

@@ -123,7 +123,7 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     assert [t["function"]["name"] for t in record["tools"]][-1] == "results"
     honest, cheat = record["submissions"]
     assert honest["outcome"] == "passed"
-    assert honest["reward"] == pytest.approx(honest["speedup"])
+    assert honest["reward"] == pytest.approx(honest["score"])
     assert honest["reward"] > 1.0
     assert honest["turn"] == 4
     assert cheat["outcome"] == "hack_flagged"
@@ -373,7 +373,7 @@ def test_many_runs_share_one_loop(tmp_path: Path) -> None:
         config = LoopConfig(model=MODEL, base_url=server.base_url, max_turns=5)
         for i in range(4):
             spec = agent_run_spec(f"r{i}", PROBLEM, config, GraderSettings())
-            runs.append(RunDirectory.create(tmp_path / f"r{i}", spec))
+            runs.append(RunDirectory.create(tmp_path / f"r{i}", spec, grader_version="1.0.0"))
         started = time.monotonic()
         states = asyncio.run(
             run_agents(

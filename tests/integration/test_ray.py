@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.harness import GraderSettings, RunDirectory, RunHarness, RunSpec, make_environment
+from agentinfra.environments import GraderSettings, Submission
+from agentinfra.harness import RunDirectory, RunHarness, RunSpec, make_executor, open_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples" / "kernels" / "problems" / "11_slow_cumsum.py"
@@ -20,23 +21,26 @@ def test_run_graded_on_a_local_ray_cluster(tmp_path: Path) -> None:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         spec = RunSpec(run_id="ray", task=str(PROBLEM), grader=GraderSettings(timing_pairs=6))
-        run = RunDirectory.create(tmp_path / "run", spec)
-        environment = make_environment(spec, cluster="local")
-        assert type(environment).__name__ == "RayKernelEnvironment"
-        harness = RunHarness(run, environment, eval_workers=2)
+        environment = open_environment(spec)
+        run = RunDirectory.create(tmp_path / "run", spec, grader_version=environment.grader_version)
+        executor = make_executor("local")
+        assert executor.where == "ray:local"
+        harness = RunHarness(run, environment, eval_workers=2, executor=executor)
         honest = harness.submit(
-            (ROOT / "examples/kernels/submissions/11_fast_cumsum.py").read_bytes(), source="t"
+            Submission((ROOT / "examples/kernels/submissions/11_fast_cumsum.py").read_bytes()),
+            source="t",
         )
         cheat = harness.submit(
-            (ROOT / "tests/fixtures/kernels/cheats/call_counting.py").read_bytes(), source="t"
+            Submission((ROOT / "tests/fixtures/kernels/cheats/call_counting.py").read_bytes()),
+            source="t",
         )
         asyncio.run(harness.drain())
         assert harness.state.graded[honest.sha256]["outcome"] == "passed"
-        assert harness.state.graded[honest.sha256]["speedup"] > 5
+        assert harness.state.graded[honest.sha256]["score"] > 5
         assert harness.state.graded[cheat.sha256]["outcome"] in ("failed", "hack_flagged")
         verdict = run.read_evaluation(honest.sha256, environment.grader_version)
         assert verdict is not None
-        assert verdict["provenance"]["sandbox"] != "none"
+        assert verdict.provenance["sandbox"] != "none"
         run.close()
     finally:
         ray.shutdown()

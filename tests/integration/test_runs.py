@@ -129,15 +129,19 @@ def test_replay_report_regrade_and_the_chart_renders_in_chromium(tmp_path: Path)
                          capture_output=True, text=True, env=ENV, timeout=400)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((run / "report.json").read_text())
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2
+    assert report["score_unit"] == "speedup"
     assert report["run_id"] == "mini"
+    # progress: one plain line per finished grading (stderr is not a terminal here)
+    assert "replay: grading 3 submission(s)" in out.stderr
+    assert "replay: 3/3 graded" in out.stderr
     assert [s["seq"] for s in report["submissions"]] == [1, 2, 3]
     assert [s["outcome"] for s in report["submissions"]] == ["passed", "hack_flagged", "invalid"]
-    assert {"submitted_at_s", "sha256", "correct", "speedup", "findings"} <= set(
+    assert {"submitted_at_s", "sha256", "correct", "score", "findings"} <= set(
         report["submissions"][0]
     )
     assert report["best"]["seq"] == 1
-    assert report["metrics"]["filtered"]["best"]["remeasured_speedup"] is not None
+    assert report["metrics"]["filtered"]["best"]["remeasured_score"] is not None
     assert any(
         a["kind"] == "first_suspicious_construct" and a["seq"] == 2 for a in report["anomalies"]
     )

@@ -4,11 +4,17 @@ The allowed direction (docs/architecture.md): shared modules (the package root,
 `errors`, `_settings`) import no component; `kvcache` and `agent` import only shared
 modules; `environments` may use `agent`; `harness` uses `environments` and `agent`;
 `serving` and `telemetry` may use `kvcache`; `cli` uses everything.
+
+Two more rules: a private module (``_name``) is imported only from inside its
+own package (others use the package's public names), and `harness` never
+imports a particular environment (it reaches them by name through the registry).
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "agentinfra"
@@ -87,3 +93,45 @@ def test_walker_resolves_relative_imports() -> None:
     assert names == ["agentinfra.harness", "agentinfra.kvcache", "agentinfra.agent"]
     bad = [n for n in names if _component(n) not in ("kvcache", SHARED)]
     assert bad == ["agentinfra.harness", "agentinfra.agent"]
+
+
+def _private_target(target: str) -> str | None:
+    """The package owning the first private module in ``target``, or None."""
+    parts = target.split(".")
+    for index, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:index])
+    return None
+
+
+def test_private_modules_are_imported_only_from_their_own_package() -> None:
+    wrong: list[str] = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for line, target in _imports(path):
+            owner = _private_target(target)
+            if owner is not None and owner != package and owner != "agentinfra":
+                wrong.append(f"{path.relative_to(SRC)}:{line} imports {target}")
+    assert not wrong, "imports of another package's private modules:\n" + "\n".join(wrong)
+
+
+def test_private_rule_catches_a_foreign_private_import() -> None:
+    assert _private_target("agentinfra.harness._agent_run") == "agentinfra.harness"
+    assert _private_target("agentinfra.harness") is None
+    assert _private_target("agentinfra._settings") == "agentinfra"
+
+
+def test_harness_imports_no_environment() -> None:
+    wrong = [
+        f"{path.relative_to(SRC)}:{line} {target}"
+        for path in sorted((SRC / "harness").rglob("*.py"))
+        for line, target in _imports(path)
+        if target.startswith("agentinfra.environments.")
+    ]
+    assert not wrong, "harness must reach environments through the registry:\n" + "\n".join(wrong)
+    code = "import sys, agentinfra.harness; print('agentinfra.environments.kernels' in sys.modules)"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "False"

@@ -21,7 +21,8 @@ from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Us
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
 from agentinfra.agent._scripted import Reply, ScriptedModelServer
 from agentinfra.agent._toolcalls import ParsedReply, ToolCall, parse_minimax_reply, split_reasoning
-from agentinfra.agent._tools import Tool, ToolError, tool_schemas, workspace_tools
+from agentinfra.agent._tools import Tool, tool_schemas, workspace_tools
+from agentinfra.errors import ToolError
 
 __all__ = [
     "AgentLoop",

@@ -27,8 +27,8 @@ from typing import Any
 from agentinfra._journal import Journal
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._toolcalls import parse_minimax_reply
-from agentinfra.agent._tools import Tool, ToolError, tool_schemas
-from agentinfra.errors import AgentError, ConfigError
+from agentinfra.agent._tools import Tool, tool_schemas
+from agentinfra.errors import AgentError, ConfigError, ToolError
 
 __all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript"]
 

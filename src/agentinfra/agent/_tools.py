@@ -14,15 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentinfra.errors import AgentError
+from agentinfra.errors import ToolError
 
 __all__ = ["Tool", "ToolError", "tool_schemas", "workspace_tools"]
 
 Handler = Callable[[dict[str, Any]], Awaitable[str]]
-
-
-class ToolError(AgentError):
-    """The model called a tool wrongly; the message goes back to the model as the result."""
 
 
 @dataclass(frozen=True, slots=True)

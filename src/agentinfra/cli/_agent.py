@@ -18,15 +18,16 @@ from rich.table import Table
 
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
+from agentinfra.environments import GraderSettings, environment_definition
 from agentinfra.errors import AgentInfraError, ConfigError
-from agentinfra.harness import GraderSettings, RunDirectory
-from agentinfra.harness._agent_run import (
+from agentinfra.harness import (
     AgentRunState,
+    RunDirectory,
     agent_run_spec,
     api_key_from_env,
+    export_record,
     run_agents,
 )
-from agentinfra.harness._export import export_record
 
 __all__ = ["export_command", "resume_agent", "run_command"]
 
@@ -38,7 +39,7 @@ def _table(states: list[AgentRunState]) -> Table:
     for column in ("run", "status", "turn", "tokens", "submitted", "graded", "best"):
         table.add_column(column)
     for s in states:
-        best = f"{s.best_speedup:.2f}x" if s.best_speedup else "-"
+        best = "-" if s.best_score is None else f"{s.best_score:.2f}{s.score_suffix}"
         status = s.status if s.error is None else f"failed: {s.error[:60]}"
         table.add_row(
             s.run_id,
@@ -73,9 +74,7 @@ def _prices(path: Path | None, model: str) -> tuple[float | None, float | None]:
 def run_command(
     tasks: Annotated[
         list[str],
-        typer.Option(
-            "--tasks", help="Problem files or globs, e.g. 'examples/kernels/problems/*.py'."
-        ),
+        typer.Option("--tasks", help="Task files or globs, e.g. 'examples/kernels/problems/*.py'."),
     ],
     model: Annotated[str, typer.Option("--model", help="Model name at the endpoint.")],
     base_url: Annotated[
@@ -84,7 +83,7 @@ def run_command(
             "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."
         ),
     ],
-    env: Annotated[str, typer.Option("--env", help="Environment.")] = "kernels",
+    env: Annotated[str, typer.Option("--env", help="Environment (a registered name).")] = "kernels",
     api_key_env: Annotated[
         str, typer.Option("--api-key-env", help="Environment variable holding the API key.")
     ] = "OPENAI_API_KEY",
@@ -132,12 +131,13 @@ def run_command(
     ] = 1,
 ) -> None:
     """Run one agent per task against an OpenAI-compatible model, many at once; each run is graded as it goes."""
-    if env != "kernels":
-        raise ConfigError(f"unknown environment {env!r}; available: kernels (--env)")
+    definition = environment_definition(env)
     files = sorted({Path(p) for pattern in tasks for p in (glob.glob(pattern) or [pattern])})
     missing = [str(p) for p in files if not p.is_file()]
     if missing or not files:
         raise ConfigError(f"no task file at {', '.join(missing) or tasks} (--tasks)")
+    for task in files:
+        definition.load_task(task)  # every task is checked before any run is created
     settings = load_settings()
     file_in, file_out = _prices(prices, model)
     config = LoopConfig(
@@ -155,12 +155,13 @@ def run_command(
     root = runs_dir or settings.harness.runs_dir
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1])
-    grader = GraderSettings(threads=settings.grader.threads, timeout_s=settings.grader.timeout_s)
+    grader = GraderSettings.from_config(settings.grader)
     runs = []
     for task in files:
         run_id = f"{task.stem}-{slug}-{stamp}"
+        spec = agent_run_spec(run_id, task, config, grader, environment=env)
         runs.append(
-            RunDirectory.create(root / run_id, agent_run_spec(run_id, task, config, grader))
+            RunDirectory.create(root / run_id, spec, grader_version=definition.grader_version)
         )
     err.print(f"{len(runs)} run(s) under {root}; concurrency {jobs}")
     try:

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentinfra._settings import load_settings
+from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels import GradeOptions, Verdict, grade
 from agentinfra.errors import ConfigError
 
@@ -63,14 +64,10 @@ def grade_command(
     for label, path in (("problem", problem), ("submission", submission)):
         if not path.is_file():
             raise ConfigError(f"{label} {path} does not exist or is not a file")
-    settings = load_settings().grader
-    options = GradeOptions(
-        device=device,  # type: ignore[arg-type]
-        threads=threads or settings.threads,
-        timeout_s=timeout_s or settings.timeout_s,
-        memory_limit_bytes=settings.memory_limit_bytes,
-        max_processes=settings.max_processes,
+    settings = GraderSettings.from_config(
+        load_settings().grader, threads=threads, timeout_s=timeout_s
     )
+    options = GradeOptions.from_settings(settings, device=device)
     if as_json:
         verdict = grade(problem, submission, options)
         typer.echo(verdict.model_dump_json())

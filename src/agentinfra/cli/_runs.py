@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -21,16 +19,18 @@ from rich.live import Live
 from rich.table import Table
 
 from agentinfra._settings import load_settings
+from agentinfra.cli._progress import progress_view
+from agentinfra.environments import GraderSettings, environment_definition
 from agentinfra.errors import ConfigError
 from agentinfra.harness import (
-    FINISH_MARKER,
     Budget,
-    GraderSettings,
     RunDirectory,
     RunHarness,
+    RunLayout,
     RunSpec,
-    inbox_name,
-    make_environment,
+    graded_score,
+    make_executor,
+    open_environment,
     regrade,
     remeasure_best,
     replay_recording,
@@ -44,8 +44,10 @@ err = Console(stderr=True)
 
 def _status(harness: RunHarness) -> Table:
     graded = harness.state.graded
-    speedups = [
-        d["speedup"] for d in graded.values() if d.get("speedup") and d.get("outcome") == "passed"
+    scores = [
+        s
+        for d in graded.values()
+        if d.get("outcome") == "passed" and (s := graded_score(d)) is not None
     ]
     flags = sum(1 for d in graded.values() if d.get("outcome") == "hack_flagged")
     table = Table(title=f"run {harness.run.spec.run_id}", show_header=False)
@@ -55,7 +57,8 @@ def _status(harness: RunHarness) -> Table:
         "graded / queued / grading",
         f"{len(graded)} / {harness.queue.qsize()} / {len(harness.in_flight)}",
     )
-    table.add_row("best so far (passed)", f"{max(speedups):.2f}x" if speedups else "-")
+    best = harness.environment.score.format(max(scores)) if scores else "-"
+    table.add_row(f"best {harness.environment.score.unit} so far (passed)", best)
     table.add_row("hack flags", str(flags))
     return table
 
@@ -66,9 +69,8 @@ _CLUSTER_HELP = (
 
 
 def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: str | None) -> None:
-    harness = RunHarness(
-        run, make_environment(run.spec, cluster=cluster), eval_workers=eval_workers
-    )
+    harness = RunHarness(run, open_environment(run.spec), eval_workers=eval_workers,
+                         executor=make_executor(cluster))  # fmt: skip
     requeued = harness.recover()
     if requeued:
         err.print(f"resuming: {len(requeued)} submission(s) re-queued for grading")
@@ -81,8 +83,8 @@ def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: st
 
 def start(
     run_dir: Annotated[Path, typer.Argument(help="New run directory.")],
-    task: Annotated[Path, typer.Option("--task", help="Problem file of the task.")],
-    env: Annotated[str, typer.Option("--env", help="Environment.")] = "kernels",
+    task: Annotated[Path, typer.Option("--task", help="Task file (a problem file for kernels).")],
+    env: Annotated[str, typer.Option("--env", help="Environment (a registered name).")] = "kernels",
     hours: Annotated[float, typer.Option("--hours", help="Wall-clock budget.")] = 12.0,
     eval_workers: Annotated[
         int | None, typer.Option("--eval-workers", help="Submissions graded at once.")
@@ -94,14 +96,12 @@ def start(
     cluster: Annotated[str | None, typer.Option("--cluster", help=_CLUSTER_HELP)] = None,
 ) -> None:
     """Create a run and grade its submissions as they arrive."""
-    if env != "kernels":
-        raise ConfigError(f"unknown environment {env!r}; available: kernels (--env)")
-    if not task.is_file():
-        raise ConfigError(f"task {task} does not exist or is not a file (--task)")
+    definition = environment_definition(env)
+    definition.load_task(task)  # a bad task fails here, before a run directory exists
     settings = load_settings()
-    spec = RunSpec(run_id=run_id or run_dir.name, environment="kernels", task=str(task.resolve()), budget=Budget(wall_hours=hours),
-                   grader=GraderSettings(threads=settings.grader.threads, timeout_s=settings.grader.timeout_s))  # fmt: skip
-    run = RunDirectory.create(run_dir, spec)
+    spec = RunSpec(run_id=run_id or run_dir.name, environment=env, task=str(task.resolve()), budget=Budget(wall_hours=hours),
+                   grader=GraderSettings.from_config(settings.grader))  # fmt: skip
+    run = RunDirectory.create(run_dir, spec, grader_version=definition.grader_version)
     try:
         _serve(run, eval_workers or settings.harness.eval_workers, watch, cluster)
     finally:
@@ -139,23 +139,15 @@ def submit(
     RunDirectory.read_info(run_dir)
     if not file.is_file():
         raise ConfigError(f"submission {file} does not exist or is not a regular file")
-    inbox = run_dir / "inbox"
-    name = inbox_name(file.name, turn)
-    tmp = inbox / f".{name}.tmp"
-    tmp.write_bytes(file.read_bytes())
-    os.replace(tmp, inbox / name)
+    RunLayout(run_dir).drop(file.read_bytes(), file.name, turn)
     typer.echo(f"queued {file.name} for run {run_dir}")
 
 
 def finish(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> None:
     """Ask the live run to grade what it has and stop."""
     RunDirectory.read_info(run_dir)
-    (run_dir / "inbox" / FINISH_MARKER).write_text(str(time.time()))
+    RunLayout(run_dir).request_finish()
     typer.echo(f"asked run {run_dir} to finish")
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
 
 
 def regrade_command(
@@ -178,14 +170,20 @@ def regrade_command(
                 }
             )
             spec = spec.model_copy(update={"grader": grader})
-        changes = asyncio.run(regrade(run, make_environment(spec), workers=eval_workers))
+        environment = open_environment(spec)
+        with progress_view(err) as on_progress:
+            changes = asyncio.run(
+                regrade(run, environment, workers=eval_workers, on_progress=on_progress)
+            )
     finally:
         run.close()
     if as_json:
         typer.echo(json.dumps([{"seq": c.seq, "sha256": c.sha256, "old_outcome": c.old_outcome, "new_outcome": c.new_outcome,
-                                "old_speedup": c.old_speedup, "new_speedup": c.new_speedup, "changed": c.is_changed} for c in changes]))  # fmt: skip
+                                "old_score": c.old_score, "new_score": c.new_score, "score_unit": environment.score.unit,
+                                "changed": c.is_changed} for c in changes]))  # fmt: skip
         return
-    table = Table("#", "sha", "old", "new", "old speedup", "new speedup")
+    unit, fmt = environment.score.unit, environment.score.format
+    table = Table("#", "sha", "old", "new", f"old {unit}", f"new {unit}")
     for change in changes:
         style = "bold red" if change.is_changed else ""
         table.add_row(
@@ -193,8 +191,8 @@ def regrade_command(
             change.sha256[:12],
             str(change.old_outcome),
             change.new_outcome,
-            _fmt(change.old_speedup),
-            _fmt(change.new_speedup),
+            fmt(change.old_score),
+            fmt(change.new_score),
             style=style,
         )
     Console().print(table)
@@ -216,11 +214,11 @@ def report(
     """Write report.html (self-contained) and report.json for a run."""
     run = RunDirectory.open(run_dir)
     try:
-        environment = make_environment(run.spec)
+        environment = open_environment(run.spec)
         if remeasure:
-            with err.status("re-measuring the best-so-far submissions"):
-                asyncio.run(remeasure_best(run, environment))
-        json_path, html_path = write_report(run, environment.grader_version, out)
+            with progress_view(err) as on_progress:
+                asyncio.run(remeasure_best(run, environment, on_progress=on_progress))
+        json_path, html_path = write_report(run, environment.grader_version, environment.score, out)
     finally:
         run.close()
     typer.echo(f"wrote {html_path} and {json_path}")
@@ -237,18 +235,22 @@ def replay_run(
     ] = False,
 ) -> None:
     """Replay a recorded long-horizon run through the real harness and grader, then report."""
-    grader = GraderSettings(timing_pairs=8) if quick else GraderSettings()
-    with err.status(f"grading the recorded submissions of {recording}"):
+    settings = load_settings()
+    grader = GraderSettings.from_config(settings.grader, timing_pairs=8 if quick else None)
+    with progress_view(err) as on_progress:
         run = asyncio.run(
-            replay_recording(recording, out, eval_workers=eval_workers, grader=grader)
+            replay_recording(
+                recording, out, eval_workers=eval_workers, grader=grader, on_progress=on_progress
+            )
         )
-    try:
-        environment = make_environment(run.spec)
-        with err.status("re-measuring the best-so-far submissions"):
-            asyncio.run(remeasure_best(run, environment, workers=eval_workers))
-        json_path, html_path = write_report(run, environment.grader_version)
-    finally:
-        run.close()
+        try:
+            environment = open_environment(run.spec)
+            asyncio.run(
+                remeasure_best(run, environment, workers=eval_workers, on_progress=on_progress)
+            )
+            json_path, html_path = write_report(run, environment.grader_version, environment.score)
+        finally:
+            run.close()
     typer.echo(f"wrote {html_path} and {json_path}")
 
 

@@ -1,5 +1,8 @@
 """Long-horizon runs: journal, submissions, grading queue, metrics, regrade and reports.
 
+The harness works with any registered environment through the seam in
+`agentinfra.environments`; it imports no particular environment.
+
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
@@ -10,12 +13,18 @@ from agentinfra.harness._agent_run import (
     run_agent,
     run_agents,
 )
-from agentinfra.harness._environment import Environment, KernelEnvironment, make_environment
+from agentinfra.harness._environment import (
+    Executor,
+    LocalExecutor,
+    make_executor,
+    open_environment,
+)
 from agentinfra.harness._export import EXPORT_SCHEMA_VERSION, export_record
-from agentinfra.harness._harness import FINISH_MARKER, Receipt, RunHarness, RunState, inbox_name
+from agentinfra.harness._harness import Receipt, RunHarness, RunState, graded_score
 from agentinfra.harness._journal import JOURNAL_SCHEMA_VERSION, Event, Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, best_so_far, compute_metrics
-from agentinfra.harness._ray import RayKernelEnvironment
+from agentinfra.harness._progress import OnProgress, Progress
+from agentinfra.harness._ray import RayExecutor
 from agentinfra.harness._recording import load_recording, replay_recording
 from agentinfra.harness._regrade import Change, regrade, remeasure_best
 from agentinfra.harness._report import (
@@ -24,7 +33,7 @@ from agentinfra.harness._report import (
     load_records,
     write_report,
 )
-from agentinfra.harness._rundir import RunDirectory, StoredSubmission
+from agentinfra.harness._rundir import FINISH_MARKER, RunDirectory, RunLayout, StoredSubmission
 from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
 
 __all__ = [
@@ -32,19 +41,22 @@ __all__ = [
     "Budget",
     "Change",
     "EXPORT_SCHEMA_VERSION",
-    "Environment",
     "Event",
+    "Executor",
     "FINISH_MARKER",
     "GraderSettings",
     "JOURNAL_SCHEMA_VERSION",
     "Journal",
-    "KernelEnvironment",
+    "LocalExecutor",
+    "OnProgress",
+    "Progress",
     "REPORT_SCHEMA_VERSION",
-    "RayKernelEnvironment",
+    "RayExecutor",
     "Receipt",
     "RunDirectory",
     "RunHarness",
     "RunInfo",
+    "RunLayout",
     "RunSpec",
     "RunState",
     "StoredSubmission",
@@ -56,10 +68,11 @@ __all__ = [
     "build_report",
     "compute_metrics",
     "export_record",
-    "inbox_name",
+    "graded_score",
     "load_recording",
     "load_records",
-    "make_environment",
+    "make_executor",
+    "open_environment",
     "regrade",
     "remeasure_best",
     "replay_recording",

@@ -1,9 +1,12 @@
 """An agent inside a run: the loop submits to the run's harness, which grades as it goes.
 
-Layout added to a run directory::
+Layout added to a run directory (paths from `RunLayout`)::
 
     agent/transcript.jsonl   the agent's journal (model replies, tool calls, retries, trims)
+    agent/images/            images of tool results, stored once by content hash
     agent/workspace/         the agent's private files
+
+The tools and prompts come from the run's environment (`Environment.agent_setup`).
 
 The loop's settings live in ``run.json`` (``spec.agent``), so ``agentinfra
 resume RUN`` restarts both the grading queue and the agent from their journals.
@@ -30,16 +33,12 @@ from agentinfra.agent import (
     Transcript,
     profile_for,
 )
-from agentinfra.environments.kernels._agent_tools import (
-    KERNEL_SYSTEM_PROMPT,
-    kernel_task_prompt,
-    kernel_tools,
-)
+from agentinfra.environments import AgentHooks, GraderSettings, Submission
 from agentinfra.errors import ConfigError
-from agentinfra.harness._environment import make_environment
-from agentinfra.harness._harness import RunHarness
+from agentinfra.harness._environment import open_environment
+from agentinfra.harness._harness import RunHarness, graded_score
 from agentinfra.harness._rundir import RunDirectory
-from agentinfra.harness._spec import Budget, GraderSettings, RunSpec
+from agentinfra.harness._spec import Budget, RunSpec
 
 __all__ = ["AgentRunState", "agent_run_spec", "api_key_from_env", "run_agent", "run_agents"]
 
@@ -55,7 +54,8 @@ class AgentRunState:
     tokens: int = 0
     submissions: int = 0
     graded: int = 0
-    best_speedup: float | None = None
+    best_score: float | None = None
+    score_suffix: str = ""
     outcome: AgentOutcome | None = None
     error: str | None = None
     failure: Exception | None = field(default=None, repr=False)
@@ -77,10 +77,17 @@ def api_key_from_env(name: str) -> str:
     return value
 
 
-def agent_run_spec(run_id: str, task: Path, config: LoopConfig, grader: GraderSettings) -> RunSpec:
+def agent_run_spec(
+    run_id: str,
+    task: Path,
+    config: LoopConfig,
+    grader: GraderSettings,
+    *,
+    environment: str = "kernels",
+) -> RunSpec:
     return RunSpec(
         run_id=run_id,
-        environment="kernels",
+        environment=environment,
         task=str(task.resolve()),
         agent={"loop": config.to_json()},
         budget=Budget(
@@ -108,24 +115,24 @@ async def run_agent(
     state = state or AgentRunState(run.spec.run_id, run.path)
     notes: list[str] = []
 
+    environment = open_environment(run.spec)
+    unit = environment.score.unit
+    state.score_suffix = environment.score.suffix
+
     def on_graded(sha: str, view: dict[str, Any]) -> None:
         seq = harness.state.received.get(sha, {}).get("seq", "?")
-        speedup = view.get("speedup")
-        notes.append(
-            f"[grader] submission {sha[:12]} (event {seq}) scored: outcome={view.get('outcome')} "
-            f"correct={view.get('correct')} speedup={speedup}"
-        )
+        graded = harness.state.graded.get(sha, {})
+        shown = " ".join(f"{k}={v}" for k, v in view.items() if k in ("outcome", "correct", unit))
+        notes.append(f"[grader] submission {sha[:12]} (event {seq}) scored: {shown or view}")
         state.graded = len(harness.state.graded)
-        if view.get("outcome") == "passed" and isinstance(speedup, (int, float)):
-            state.best_speedup = max(state.best_speedup or 0.0, float(speedup))
+        score = graded_score(graded)
+        if graded.get("outcome") == "passed" and score is not None:
+            state.best_score = max(state.best_score or 0.0, score)
 
-    harness = RunHarness(
-        run, make_environment(run.spec), eval_workers=eval_workers, on_graded=on_graded
-    )
+    harness = RunHarness(run, environment, eval_workers=eval_workers, on_graded=on_graded)
     harness.recover()
-    agent_dir = run.path / "agent"
-    agent_dir.mkdir(exist_ok=True)
-    transcript = Transcript.open(agent_dir / "transcript.jsonl")
+    run.layout.agent_dir.mkdir(exist_ok=True)
+    transcript = Transcript.open(run.layout.transcript)
     client = ModelClient(
         base_url=config.base_url, model=config.model, api_key=api_key, api_key_env=config.api_key_env,
         profile=profile_for(config.model), limiter=limiter, timeout_s=config.request_timeout_s,
@@ -133,8 +140,11 @@ async def run_agent(
     )  # fmt: skip
     loop: AgentLoop | None = None
 
-    async def submit(data: bytes, name: str) -> str:
-        receipt = harness.submit(data, source=f"agent:{name}", turn=loop.turn if loop else None)
+    async def submit(submission: Submission) -> str:
+        name = submission.name
+        receipt = harness.submit(
+            submission, source=f"agent:{name}", turn=loop.turn if loop else None
+        )
         state.submissions = len(harness.state.received)
         if not receipt.is_new:
             return f"{name} is identical to submission {receipt.sha256[:12]}; it is graded once"
@@ -161,14 +171,16 @@ async def run_agent(
             else:
                 lines.append(
                     f"{sha[:12]} {name}: outcome={verdict.get('outcome')} correct={verdict.get('correct')} "
-                    f"speedup={verdict.get('speedup')}"
+                    f"{unit}={graded_score(verdict)}"
                 )
         return "\n".join(lines) or "no submissions yet"
 
-    tools = kernel_tools(Path(run.spec.task), agent_dir / "workspace", submit, results)
+    setup = environment.agent_setup(
+        run.layout.workspace, AgentHooks(submit=submit, results=results)
+    )
     loop = AgentLoop(
-        config=config, client=client, tools=tools, system_prompt=KERNEL_SYSTEM_PROMPT,
-        task_prompt=kernel_task_prompt(Path(run.spec.task)), transcript=transcript,
+        config=config, client=client, tools=setup.tools, system_prompt=setup.system_prompt,
+        task_prompt=setup.task_prompt, transcript=transcript,
         notifications=lambda: [notes.pop(0) for _ in range(len(notes))],
     )  # fmt: skip
     state.loop = loop

@@ -1,4 +1,4 @@
-"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 1).
+"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 2).
 
 Read-only (`Journal.read`: a torn last line is skipped, nothing is written): the
 run's ``run.json``, its journal (trusted verdicts) and the agent transcript. The messages are the full history as the model produced it
@@ -13,18 +13,19 @@ from typing import Any
 
 from agentinfra.agent import LoopConfig, Usage, profile_for
 from agentinfra.errors import HarnessError
+from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
-from agentinfra.harness._rundir import RunDirectory
+from agentinfra.harness._rundir import RunDirectory, RunLayout
 
 __all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]
 
-EXPORT_SCHEMA_VERSION = 1
+EXPORT_SCHEMA_VERSION = 2
 
 
-def _reward(outcome: str | None, speedup: float | None) -> float:
-    """The reward of one submission: its measured speedup when it passed, else 0."""
-    if outcome == "passed" and isinstance(speedup, (int, float)):
-        return float(speedup)
+def _reward(outcome: str | None, score: float | None) -> float:
+    """The reward of one submission: its score (in the environment's unit) when it passed, else 0."""
+    if outcome == "passed" and score is not None:
+        return score
     return 0.0
 
 
@@ -35,12 +36,13 @@ def export_record(run_path: Path) -> dict[str, Any]:
         HarnessError: not a run directory, or a run without an agent transcript.
     """
     info = RunDirectory.read_info(run_path)
-    transcript_path = run_path / "agent" / "transcript.jsonl"
+    layout = RunLayout(run_path)
+    transcript_path = layout.transcript
     if not transcript_path.is_file():
         raise HarnessError(
             f"{run_path} has no agent transcript (agent/transcript.jsonl); only `agentinfra run` runs export"
         )
-    journal_events = Journal.read(run_path / "journal.jsonl")
+    journal_events = Journal.read(layout.journal)
     agent_events = Journal.read(transcript_path)
     messages: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
@@ -71,14 +73,16 @@ def export_record(run_path: Path) -> dict[str, Any]:
         elif event.type == "graded":  # the latest grader version's verdict wins
             graded[str(event.data["sha256"])] = event.data
     submissions = []
+    units = {str(v.get("score_unit")) for v in graded.values() if v.get("score_unit")}
     for sha, sub in sorted(received.items(), key=lambda item: item[1]["seq"]):
         verdict = graded.get(sha, {})
         outcome = verdict.get("outcome")
+        score = graded_score(verdict)
         submissions.append({
             "sha256": sha, "seq": sub["seq"], "turn": sub.get("turn"), "source": sub.get("source"),
             "submitted_at_s": sub.get("submitted_at_s"), "outcome": outcome, "correct": verdict.get("correct"),
-            "speedup": verdict.get("speedup"), "hack_flagged": outcome == "hack_flagged",
-            "reward": _reward(outcome, verdict.get("speedup")), "graded": bool(verdict),
+            "score": score, "hack_flagged": outcome == "hack_flagged",
+            "reward": _reward(outcome, score), "graded": bool(verdict),
         })  # fmt: skip
     model = config.get("model", "")
     cost = LoopConfig.from_json(config).cost(Usage(prompt, completion)) if config else None
@@ -87,6 +91,7 @@ def export_record(run_path: Path) -> dict[str, Any]:
         "run_id": info.spec.run_id,
         "environment": info.spec.environment,
         "task": Path(info.spec.task).name,
+        "score_unit": units.pop() if len(units) == 1 else None,
         "model": model,
         "base_url": config.get("base_url"),
         "sampling": profile_for(model).sampling() if model else {},

@@ -22,20 +22,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments import Environment, Evaluation, Outcome, Submission
 from agentinfra.errors import HarnessError
-from agentinfra.harness._environment import Environment
+from agentinfra.harness._environment import Executor, LocalExecutor
+from agentinfra.harness._progress import ProgressTracker
 from agentinfra.harness._rundir import RunDirectory
 
-__all__ = ["FINISH_MARKER", "Receipt", "RunHarness", "RunState", "inbox_name"]
+__all__ = ["Receipt", "RunHarness", "RunState", "graded_score"]
 
 logger = logging.getLogger(__name__)
 
-FINISH_MARKER = "FINISH"
 
-
-def inbox_name(original: str, turn: int | None) -> str:
-    """The inbox file name for a dropped submission: arrival order, turn, original name."""
-    return f"{time.time_ns():020d}__{'' if turn is None else turn}__{Path(original).name}"
+def graded_score(data: dict[str, Any]) -> float | None:
+    """The score of a ``graded`` journal event (``speedup`` in journals written before the seam)."""
+    value = data.get("score", data.get("speedup"))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,16 +75,24 @@ class RunHarness:
     """Grades a run's submissions as they arrive, in a bounded pool."""
 
     def __init__(self, run: RunDirectory, environment: Environment, *, eval_workers: int = 2,
-                 on_graded: Callable[[str, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+                 on_graded: Callable[[str, dict[str, Any]], None] | None = None,
+                 executor: Executor | None = None) -> None:  # fmt: skip
         if eval_workers < 1:
             raise HarnessError(f"eval_workers={eval_workers} must be >= 1 (--eval-workers)")
+        if environment.name != run.spec.environment:
+            raise HarnessError(
+                f"run {run.path} is a {run.spec.environment!r} run; it cannot be graded by {environment.name!r}"
+            )
         self.run = run
         self.environment = environment
+        self.executor = executor or LocalExecutor()
         self.eval_workers = eval_workers
         self.state = RunState.from_run(run, environment.grader_version)
         self.queue: asyncio.Queue[str] = asyncio.Queue()
         self.in_flight: set[str] = set()
         self.on_graded = on_graded
+        self.progress: ProgressTracker | None = None
+        """Told when each grading starts and ends (replay-run's progress line)."""
         self._queued: set[str] = set()
 
     # -- time ----------------------------------------------------------------------
@@ -119,12 +128,12 @@ class RunHarness:
             self._queued.add(sha)
             self.queue.put_nowait(sha)
 
-    def submit(self, data: bytes, *, source: str, turn: int | None = None, submitted_at_s: float | None = None,
-               note: str = "") -> Receipt:  # fmt: skip
+    def submit(self, submission: Submission, *, source: str, turn: int | None = None,
+               submitted_at_s: float | None = None, note: str = "") -> Receipt:  # fmt: skip
         """Stores, journals (durably) and enqueues one submission."""
         at = self.run_time_s() if submitted_at_s is None else submitted_at_s
         stored = self.run.store_submission(
-            data, {"turn": turn, "source": source, "submitted_at_s": at}
+            submission, {"turn": turn, "source": source, "submitted_at_s": at}
         )
         if stored.sha256 in self.state.received:
             event = self.run.journal.append(
@@ -137,7 +146,8 @@ class RunHarness:
             "source": source,
             "turn": turn,
             "submitted_at_s": at,
-            "bytes": len(data),
+            "bytes": len(submission.data),
+            "name": submission.name,
             "note": note,
         }
         event = self.run.journal.append("submission_received", payload)
@@ -153,24 +163,30 @@ class RunHarness:
         try:
             self.run.journal.append("grading_started", {"sha256": sha, "grader_version": version})
             # Hidden seeds: fresh from the OS for every grading, never derived from the run's seed.
-            verdict = await self.environment.evaluate(self.run.submission_path(sha), seed=None)
-            self.run.write_evaluation(sha, version, verdict)
-            self._journal_graded(sha, verdict)
+            submission = self.run.read_submission(sha)
+            if self.progress is not None:
+                self.progress.begin(sha)
+            evaluation = await self.executor.evaluate(self.environment, submission, seed=None)
+            self.run.write_evaluation(sha, version, evaluation)
+            self._journal_graded(sha, evaluation)
+            if self.progress is not None:
+                self.progress.finish(sha)
         finally:
             self.in_flight.discard(sha)
 
-    def _journal_graded(self, sha: str, verdict: dict[str, Any]) -> None:
+    def _journal_graded(self, sha: str, evaluation: Evaluation) -> None:
         data = {
             "sha256": sha,
             "grader_version": self.environment.grader_version,
-            "outcome": verdict.get("outcome"),
-            "correct": verdict.get("correct"),
-            "speedup": verdict.get("speedup"),
+            "outcome": evaluation.outcome.value,
+            "correct": evaluation.correct,
+            "score": evaluation.score,
+            "score_unit": evaluation.score_unit,
         }
         self.run.journal.append("graded", data)
         self.state.graded[sha] = data
         if self.on_graded is not None:
-            self.on_graded(sha, self.environment.agent_view(verdict))
+            self.on_graded(sha, self.environment.agent_view(evaluation))
 
     async def _worker(self) -> None:
         while True:
@@ -183,40 +199,22 @@ class RunHarness:
                 Exception
             ) as exc:  # a grader failure must not stop the run: record it as a verdict
                 logger.exception("grading %s failed", sha[:12])
-                self.run.write_evaluation(
-                    sha,
-                    self.environment.grader_version,
-                    {
-                        "outcome": "grader_error",
-                        "correct": False,
-                        "speedup": None,
-                        "findings": [],
-                        "error": str(exc),
-                    },
-                )
-                self._journal_graded(
-                    sha, {"outcome": "grader_error", "correct": False, "speedup": None}
-                )
+                failed = Evaluation(
+                    environment=self.environment.name, outcome=Outcome.GRADER_ERROR, correct=False,
+                    score_unit=self.environment.score.unit, error=f"{type(exc).__name__}: {exc}",
+                )  # fmt: skip
+                self.run.write_evaluation(sha, self.environment.grader_version, failed)
+                self._journal_graded(sha, failed)
             finally:
                 self.queue.task_done()
 
-    def ingest_inbox(self, inbox: Path | None = None) -> bool:
-        """Submits every file in the inbox (oldest name first); True when a finish marker is there."""
-        folder = inbox or self.run.path / "inbox"
-        finish = False
-        for path in sorted(folder.iterdir()) if folder.is_dir() else []:
-            if path.name == FINISH_MARKER:
-                finish = True
-                continue
-            if path.name.startswith(".") or not path.is_file():
-                continue
-            parts = path.name.split("__", 2)
-            turn: int | None = None
-            with contextlib.suppress(ValueError, IndexError):
-                turn = int(parts[1])
-            self.submit(path.read_bytes(), source=f"inbox:{parts[-1]}", turn=turn)
-            if inbox is None:
-                path.unlink()
+    def ingest_inbox(self) -> bool:
+        """Submits every file in the inbox (oldest first); True when a finish marker is there."""
+        entries, finish = self.run.layout.inbox_entries()
+        for entry in entries:
+            submission = Submission(entry.path.read_bytes(), name=entry.name)
+            self.submit(submission, source=f"inbox:{entry.name}", turn=entry.turn)
+            entry.path.unlink()
         return finish
 
     async def serve(self, *, watch: Path | None = None, poll_s: float = 0.2, stop: asyncio.Event | None = None,
@@ -235,7 +233,10 @@ class RunHarness:
                             and not path.name.startswith(".")
                         ):
                             seen_in_watch.add(path.name)
-                            self.submit(path.read_bytes(), source=f"watch:{path.name}")
+                            self.submit(
+                                Submission(path.read_bytes(), name=path.name),
+                                source=f"watch:{path.name}",
+                            )
                 if tick is not None:
                     tick()
                 if finish or (stop is not None and stop.is_set()) or self.budget_left_s() <= 0:
@@ -256,7 +257,7 @@ class RunHarness:
                 "run_finished", {"reason": reason, "graded": len(self.state.graded)}
             )
             with contextlib.suppress(FileNotFoundError):
-                (self.run.path / "inbox" / FINISH_MARKER).unlink()
+                self.run.layout.finish_marker.unlink()
         finally:
             for task in workers:
                 task.cancel()

@@ -1,10 +1,11 @@
 """Run metrics and anomaly detection: pure functions over submission records.
 
-Every figure is computed twice: ``raw`` (what the grader measured, hack-flagged
-submissions included) and ``filtered`` (hack-flagged submissions removed). The
-best-so-far curve uses re-measured speedups where a submission was graded again
-(the winner's curse: the first measurement of the fastest-looking submission is
-biased upward).
+Scores are the environment's (higher is better, in its unit: speedup for
+kernels). Every figure is computed twice: ``raw`` (what the grader measured,
+hack-flagged submissions included) and ``filtered`` (hack-flagged submissions
+removed). The best-so-far curve uses re-measured scores where a submission was
+graded again (the winner's curse: the first measurement of the best-looking
+submission is biased upward).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "THRESHOLDS",
+    "DEFAULT_THRESHOLDS",
     "SubmissionRecord",
     "anomalies",
     "best_so_far",
@@ -24,7 +25,7 @@ __all__ = [
     "diff_text",
 ]
 
-THRESHOLDS = (1.0, 2.0, 5.0, 10.0)
+DEFAULT_THRESHOLDS = (1.0,)
 _JUMP_RATIO = 3.0
 _JUMP_MAX_CHANGED_LINES = 12
 _FLIP_WINDOW = 6
@@ -41,11 +42,11 @@ class SubmissionRecord:
     turn: int | None
     outcome: str
     correct: bool
-    speedup: float | None
+    score: float | None
     findings: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
-    remeasured_speedup: float | None = None
-    speedup_ci: tuple[float, float] | None = None
+    remeasured_score: float | None = None
+    score_ci: tuple[float, float] | None = None
 
     @property
     def is_hack(self) -> bool:
@@ -55,9 +56,9 @@ class SubmissionRecord:
 
     def value(self, *, filtered: bool) -> float | None:
         """The score counted for best-so-far: re-measured where available; None if not counted."""
-        if not self.correct or self.speedup is None or (filtered and self.is_hack):
+        if not self.correct or self.score is None or (filtered and self.is_hack):
             return None
-        return self.remeasured_speedup if self.remeasured_speedup is not None else self.speedup
+        return self.remeasured_score if self.remeasured_score is not None else self.score
 
 
 def best_so_far(records: list[SubmissionRecord], *, filtered: bool) -> list[dict[str, Any]]:
@@ -90,26 +91,28 @@ def _area(points: list[dict[str, Any]], end_s: float) -> float:
     return area / end_s
 
 
-def _figures(records: list[SubmissionRecord], *, filtered: bool, end_s: float) -> dict[str, Any]:
+def _figures(records: list[SubmissionRecord], *, filtered: bool, end_s: float,
+             thresholds: tuple[float, ...]) -> dict[str, Any]:  # fmt: skip
     points = best_so_far(records, filtered=filtered)
     best = points[-1] if points else None
     best_record = next((r for r in records if best and r.sha256 == best["sha256"]), None)
     return {
         "best": None if best is None or best_record is None else {
-            "seq": best_record.seq, "sha256": best_record.sha256, "speedup": best_record.speedup,
-            "remeasured_speedup": best_record.remeasured_speedup, "counted": best["best"],
+            "seq": best_record.seq, "sha256": best_record.sha256, "score": best_record.score,
+            "remeasured_score": best_record.remeasured_score, "counted": best["best"],
         },
         "best_so_far": points,
-        "time_to_threshold_s": {str(t): next((p["t_s"] for p in points if p["best"] >= t), None) for t in THRESHOLDS},
+        "time_to_threshold_s": {str(t): next((p["t_s"] for p in points if p["best"] >= t), None) for t in thresholds},
         "mean_best_so_far": _area(points, end_s),
         "counted_submissions": sum(1 for r in records if r.value(filtered=filtered) is not None),
     }  # fmt: skip
 
 
 def compute_metrics(
-    records: list[SubmissionRecord], *, end_s: float | None = None
-) -> dict[str, Any]:
-    """Counts by outcome, final submission, and raw and filtered figures."""
+    records: list[SubmissionRecord], *, end_s: float | None = None,
+    thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS,
+) -> dict[str, Any]:  # fmt: skip
+    """Counts by outcome, final submission, and raw and filtered figures (time to each of ``thresholds``)."""
     ordered = sorted(records, key=lambda r: (r.submitted_at_s, r.seq))
     end = end_s if end_s is not None else (ordered[-1].submitted_at_s if ordered else 0.0)
     final = ordered[-1] if ordered else None
@@ -123,11 +126,11 @@ def compute_metrics(
             "seq": final.seq,
             "sha256": final.sha256,
             "outcome": final.outcome,
-            "speedup": final.speedup,
+            "score": final.score,
         },
         "duration_s": end,
-        "raw": _figures(ordered, filtered=False, end_s=end),
-        "filtered": _figures(ordered, filtered=True, end_s=end),
+        "raw": _figures(ordered, filtered=False, end_s=end, thresholds=thresholds),
+        "filtered": _figures(ordered, filtered=True, end_s=end, thresholds=thresholds),
     }
 
 
@@ -190,9 +193,9 @@ def anomalies(
                 changed = _changed_lines(ordered[index - 1].source, record.source)
                 if changed <= _JUMP_MAX_CHANGED_LINES:
                     flag(
-                        "speedup_jump",
+                        "score_jump",
                         index,
-                        f"speedup {value:.2f}x is {value / best_raw:.1f}x the previous best from a {changed}-line change",
+                        f"score {value:.3g} is {value / best_raw:.1f}x the previous best from a {changed}-line change",
                     )
             best_raw = max(best_raw, value)
         window = ordered[max(0, index - _FLIP_WINDOW + 1) : index + 1]

@@ -1,49 +1,43 @@
-"""Grading on a Ray cluster: the same queue, with evaluations run as Ray tasks.
+"""Grading on a Ray cluster: any environment's evaluations run as Ray tasks.
 
-Ray is the existing distributed engine; agentinfra only ships each grading to it.
-The task and submission travel as bytes (not paths), so any node can grade; each
-node needs agentinfra installed and its sandbox tools (``unshare``, ``setpriv``).
-Install with ``pip install 'agentinfra[ray]'``.
+Ray is the existing distributed engine; agentinfra only ships each evaluation to
+it. What travels is the environment's name, its task and the submission as bytes,
+and the grader settings; the Ray worker opens the environment through the
+registry and evaluates there. Each node needs agentinfra (and the environment's
+own requirements: for kernels, ``unshare`` and ``setpriv``). Install with
+``pip install 'agentinfra[ray]'``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from agentinfra.environments import (
+    Environment,
+    Evaluation,
+    GraderSettings,
+    Submission,
+    Task,
+    environment_definition,
+)
 from agentinfra.errors import HarnessError
-from agentinfra.harness._environment import KernelEnvironment
 
-__all__ = ["RayKernelEnvironment"]
+__all__ = ["RayExecutor"]
 
 
-def _grade_bytes(
-    task_name: str, task: bytes, submission: bytes, options: dict[str, Any]
+def _evaluate_remote(
+    name: str, task: Task, settings: dict[str, Any], submission: Submission, seed: int | None
 ) -> dict[str, Any]:
-    """Runs in a Ray worker: writes both files to a private directory and grades."""
-    from agentinfra.environments.kernels import GradeOptions, grade
-
-    with tempfile.TemporaryDirectory(prefix="agentinfra-ray-") as folder:
-        task_path = Path(folder) / task_name
-        submission_path = Path(folder) / "submission.py"
-        task_path.write_bytes(task)
-        submission_path.write_bytes(submission)
-        return grade(task_path, submission_path, GradeOptions(**options)).model_dump(mode="json")
+    """Runs in a Ray worker: opens the environment by name and evaluates."""
+    environment = environment_definition(name).create(task, GraderSettings.model_validate(settings))
+    return asyncio.run(environment.evaluate(submission, seed=seed)).to_json()
 
 
-class RayKernelEnvironment(KernelEnvironment):
-    """`KernelEnvironment` whose gradings run as Ray tasks (one CPU each by default)."""
+class RayExecutor:
+    """Evaluations as Ray tasks (one CPU each by default), for any registered environment."""
 
-    def __init__(
-        self,
-        inner: KernelEnvironment,
-        *,
-        address: str | None = None,
-        num_cpus_per_grading: float = 1.0,
-    ) -> None:
-        super().__init__(inner.task, inner.settings)
+    def __init__(self, *, address: str | None = None, num_cpus_per_grading: float = 1.0) -> None:
         try:
             import ray
         except ImportError:
@@ -54,19 +48,14 @@ class RayKernelEnvironment(KernelEnvironment):
                          log_to_driver=False, ignore_reinit_error=True)  # fmt: skip
             except Exception as exc:  # Ray raises many types for an unreachable cluster
                 raise HarnessError(f"cannot connect to Ray cluster {address!r}: {exc}") from None
-        self._remote = ray.remote(num_cpus=num_cpus_per_grading)(_grade_bytes)
-        self.address = address or "local"
+        self._remote = ray.remote(num_cpus=num_cpus_per_grading)(_evaluate_remote)
+        self.where = f"ray:{address or 'local'}"
 
-    async def evaluate(self, submission: Path, *, seed: int | None = None) -> dict[str, Any]:
-        options = {
-            "threads": self.settings.threads,
-            "timeout_s": self.settings.timeout_s,
-            "timing_pairs": self.settings.timing_pairs,
-            "correctness_seeds": self.settings.correctness_seeds,
-            "seed": seed,
-        }
+    async def evaluate(
+        self, environment: Environment, submission: Submission, *, seed: int | None = None
+    ) -> Evaluation:
         reference = self._remote.remote(
-            self.task.name, self.task.read_bytes(), submission.read_bytes(), options
+            environment.name, environment.task, environment.settings.model_dump(), submission, seed
         )
         result: dict[str, Any] = await asyncio.wrap_future(reference.future())
-        return result
+        return Evaluation.model_validate(result)

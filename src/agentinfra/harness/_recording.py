@@ -2,8 +2,9 @@
 
 A recording is ``recording.json`` beside its submission files::
 
-    {"schema_version": 1, "run_id": "...", "task": "<problem path, relative to the recording>",
-     "hours": 12, "submissions": [{"t_hours": 0.4, "turn": 3, "file": "submissions/01.py", "note": "..."}]}
+    {"schema_version": 1, "run_id": "...", "environment": "kernels" (the default),
+     "task": "<task path, relative to the recording>", "hours": 12,
+     "submissions": [{"t_hours": 0.4, "turn": 3, "file": "submissions/01.py", "note": "..."}]}
 
 Replay is time-compressed (submissions carry their recorded run time) and the
 grading is real.
@@ -15,11 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments import GraderSettings, Submission
 from agentinfra.errors import HarnessError
-from agentinfra.harness._environment import make_environment
+from agentinfra.harness._environment import Executor, open_environment
 from agentinfra.harness._harness import RunHarness
+from agentinfra.harness._progress import OnProgress, ProgressTracker
 from agentinfra.harness._rundir import RunDirectory
-from agentinfra.harness._spec import Budget, GraderSettings, RunSpec
+from agentinfra.harness._spec import Budget, RunSpec
 
 __all__ = ["load_recording", "replay_recording"]
 
@@ -47,22 +50,27 @@ def load_recording(path: Path) -> dict[str, Any]:
 
 
 async def replay_recording(
-    recording: Path, out: Path, *, eval_workers: int = 2, grader: GraderSettings | None = None
-) -> RunDirectory:
+    recording: Path, out: Path, *, eval_workers: int = 2, grader: GraderSettings | None = None,
+    executor: Executor | None = None, on_progress: OnProgress | None = None,
+) -> RunDirectory:  # fmt: skip
     """Creates a run at ``out`` and feeds it the recorded submissions; returns the open run."""
     data = load_recording(recording)
     base = Path(data["_base"])
     task = (base / data["task"]).resolve()
     spec = RunSpec(
-        run_id=str(data.get("run_id", out.name)), environment="kernels", task=str(task),
-        agent={"recorded": True, "model": data.get("model", "recorded")},
+        run_id=str(data.get("run_id", out.name)), environment=str(data.get("environment", "kernels")),
+        task=str(task), agent={"recorded": True, "model": data.get("model", "recorded")},
         budget=Budget(wall_hours=float(data.get("hours", 12))), grader=grader or GraderSettings(),
     )  # fmt: skip
-    run = RunDirectory.create(out, spec)
-    harness = RunHarness(run, make_environment(spec), eval_workers=eval_workers)
+    environment = open_environment(spec)
+    run = RunDirectory.create(out, spec, grader_version=environment.grader_version)
+    harness = RunHarness(run, environment, eval_workers=eval_workers, executor=executor)
     for item in data["submissions"]:
-        harness.submit((base / item["file"]).read_bytes(), source=f"recording:{item['file']}", turn=item.get("turn"),
-                       submitted_at_s=float(item["t_hours"]) * 3600, note=str(item.get("note", "")))  # fmt: skip
+        file = base / item["file"]
+        harness.submit(Submission(file.read_bytes(), name=file.name), source=f"recording:{item['file']}",
+                       turn=item.get("turn"), submitted_at_s=float(item["t_hours"]) * 3600,
+                       note=str(item.get("note", "")))  # fmt: skip
+    harness.progress = ProgressTracker("replay", harness.queue.qsize(), on_progress)
     await harness.drain()
     run.journal.append(
         "run_finished", {"reason": "recording_replayed", "graded": len(harness.state.graded)}

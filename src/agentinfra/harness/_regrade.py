@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from agentinfra.harness._environment import Environment
+from agentinfra.environments import Environment, Evaluation
+from agentinfra.harness._environment import Executor, LocalExecutor
 from agentinfra.harness._metrics import best_so_far
+from agentinfra.harness._progress import OnProgress, ProgressTracker
 from agentinfra.harness._report import load_records
 from agentinfra.harness._rundir import RunDirectory
 
@@ -27,39 +28,34 @@ class Change:
     sha256: str
     old_outcome: str | None
     new_outcome: str
-    old_speedup: float | None
-    new_speedup: float | None
+    old_score: float | None
+    new_score: float | None
 
     @property
     def is_changed(self) -> bool:
         return self.old_outcome != self.new_outcome
 
 
-def _primary(run: RunDirectory, sha: str) -> dict[str, Any] | None:
-    """The newest first-pass verdict of ``sha`` under any grader version."""
-    folder = run.path / "evaluations" / sha
-    files = [p for p in folder.glob("*.json") if "@" not in p.name] if folder.is_dir() else []
-    if not files:
-        return None
-    newest = max(files, key=lambda p: p.stat().st_mtime)
-    return run.read_evaluation(sha, newest.stem)
-
-
 async def _evaluate_all(
-    environment: Environment, run: RunDirectory, shas: list[str], workers: int
-) -> dict[str, dict[str, Any]]:
+    environment: Environment, run: RunDirectory, shas: list[str], workers: int, *,
+    executor: Executor | None, tracker: ProgressTracker,
+) -> dict[str, Evaluation]:  # fmt: skip
     limit = asyncio.Semaphore(workers)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, Evaluation] = {}
+    runner = executor or LocalExecutor()
 
     async def one(sha: str) -> None:
         async with limit:
-            results[sha] = await environment.evaluate(run.submission_path(sha))
+            tracker.begin(sha)
+            results[sha] = await runner.evaluate(environment, run.read_submission(sha))
+            tracker.finish(sha)
 
     await asyncio.gather(*(one(sha) for sha in shas))
     return results
 
 
-async def regrade(run: RunDirectory, environment: Environment, *, workers: int = 2) -> list[Change]:
+async def regrade(run: RunDirectory, environment: Environment, *, workers: int = 2,
+                  executor: Executor | None = None, on_progress: OnProgress | None = None) -> list[Change]:  # fmt: skip
     """Grades every submission again and stores the new verdicts beside the old."""
     number = 1 + sum(1 for e in run.journal.events if e.type == "regrade_started")
     label = f"regrade-{number}"
@@ -68,23 +64,20 @@ async def regrade(run: RunDirectory, environment: Environment, *, workers: int =
     )
     received = [e for e in run.journal.events if e.type == "submission_received"]
     shas = [str(e.data["sha256"]) for e in received]
-    old = {sha: _primary(run, sha) for sha in shas}
-    new = await _evaluate_all(environment, run, shas, workers)
+    old = {sha: run.primary_evaluation(sha) for sha in shas}
+    tracker = ProgressTracker("regrade", len(shas), on_progress)
+    new = await _evaluate_all(environment, run, shas, workers, executor=executor, tracker=tracker)
     changes: list[Change] = []
     for seq, sha in enumerate(shas, start=1):
-        verdict = new[sha]
-        run.write_evaluation(sha, environment.grader_version, verdict, label)
-        before = old[sha] or {}
+        evaluation = new[sha]
+        run.write_evaluation(sha, environment.grader_version, evaluation, label)
+        before = old[sha]
         change = Change(
-            seq,
-            sha,
-            before.get("outcome"),
-            str(verdict.get("outcome")),
-            before.get("speedup"),
-            verdict.get("speedup"),
-        )
+            seq, sha, before.outcome.value if before else None, evaluation.outcome.value,
+            before.score if before else None, evaluation.score,
+        )  # fmt: skip
         run.journal.append("regraded", {"sha256": sha, "label": label, "old_outcome": change.old_outcome,
-                                        "new_outcome": change.new_outcome, "speedup": change.new_speedup})  # fmt: skip
+                                        "new_outcome": change.new_outcome, "score": change.new_score})  # fmt: skip
         changes.append(change)
     run.journal.append(
         "regrade_finished", {"label": label, "changed": sum(c.is_changed for c in changes)}
@@ -93,9 +86,15 @@ async def regrade(run: RunDirectory, environment: Environment, *, workers: int =
 
 
 async def remeasure_best(
-    run: RunDirectory, environment: Environment, *, workers: int = 2
-) -> list[str]:
-    """Grades every submission that was ever best-so-far (raw or filtered) once more."""
+    run: RunDirectory, environment: Environment, *, workers: int = 2,
+    executor: Executor | None = None, on_progress: OnProgress | None = None,
+) -> list[str]:  # fmt: skip
+    """Grades every submission that was ever best-so-far (raw or filtered) once more.
+
+    Does nothing for an environment whose score is not re-measured (`ScoreSpec.remeasure_best`).
+    """
+    if not environment.score.remeasure_best:
+        return []
     records = load_records(run, environment.grader_version)
     shas: list[str] = []
     for filtered in (False, True):
@@ -106,15 +105,14 @@ async def remeasure_best(
                 and run.read_evaluation(sha, environment.grader_version, "remeasure") is None
             ):
                 shas.append(sha)
-    results = await _evaluate_all(environment, run, shas, workers)
+    tracker = ProgressTracker("re-measure", len(shas), on_progress)
+    results = await _evaluate_all(
+        environment, run, shas, workers, executor=executor, tracker=tracker
+    )
     for sha in shas:
         run.write_evaluation(sha, environment.grader_version, results[sha], "remeasure")
         run.journal.append(
             "remeasured",
-            {
-                "sha256": sha,
-                "outcome": results[sha].get("outcome"),
-                "speedup": results[sha].get("speedup"),
-            },
+            {"sha256": sha, "outcome": results[sha].outcome.value, "score": results[sha].score},
         )
     return shas

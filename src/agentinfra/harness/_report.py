@@ -1,8 +1,8 @@
 """Reports: ``report.json`` (schema version 1) and a self-contained ``report.html``.
 
 The HTML needs no network: the chart is inline SVG drawn here, the styles are
-inline. It shows a timeline of every submission (speedup and outcome, hack flags
-marked), the best-so-far curves raw and filtered, a table of submissions with
+inline. Scores are labelled with the environment's unit (`ScoreSpec`). It shows a
+timeline of every submission (score and outcome, hack flags marked), the best-so-far curves raw and filtered, a table of submissions with
 findings and evidence, the anomalies, and the diff between consecutive submissions.
 """
 
@@ -14,12 +14,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments import ScoreSpec
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, compute_metrics, diff_text
 from agentinfra.harness._rundir import RunDirectory, atomic_write
 
 __all__ = ["REPORT_SCHEMA_VERSION", "build_report", "load_records", "render_html", "write_report"]
 
-REPORT_SCHEMA_VERSION = 1
+REPORT_SCHEMA_VERSION = 2
 _COLOURS = {"passed": "#1a9641", "failed": "#f39c12", "hack_flagged": "#d7191c", "crashed": "#7f7f7f",
             "timeout": "#5e3c99", "invalid": "#999999", "grader_error": "#000000"}  # fmt: skip
 
@@ -30,21 +31,17 @@ def load_records(run: RunDirectory, grader_version: str) -> list[SubmissionRecor
     received = [e for e in run.journal.events if e.type == "submission_received"]
     for number, event in enumerate(received, start=1):
         sha = str(event.data["sha256"])
-        verdict = run.read_evaluation(sha, grader_version) or {
-            "outcome": "pending",
-            "correct": False,
-        }
+        evaluation = run.read_evaluation(sha, grader_version)
         again = run.read_evaluation(sha, grader_version, "remeasure")
-        ci = verdict.get("speedup_ci")
-        source_path = run.submission_path(sha)
         records.append(
             SubmissionRecord(
                 seq=number, sha256=sha, submitted_at_s=float(event.data.get("submitted_at_s", 0.0)),
-                turn=event.data.get("turn"), outcome=str(verdict.get("outcome")), correct=bool(verdict.get("correct")),
-                speedup=verdict.get("speedup"), findings=list(verdict.get("findings", [])),
-                source=source_path.read_text(errors="replace") if source_path.exists() else "",
-                remeasured_speedup=again.get("speedup") if again and again.get("correct") else None,
-                speedup_ci=tuple(ci) if isinstance(ci, list) and len(ci) == 2 else None,
+                turn=event.data.get("turn"), outcome=evaluation.outcome.value if evaluation else "pending",
+                correct=bool(evaluation and evaluation.correct), score=evaluation.score if evaluation else None,
+                findings=[f.model_dump() for f in evaluation.findings] if evaluation else [],
+                source=run.submission_text(sha),
+                remeasured_score=again.score if again and again.correct else None,
+                score_ci=evaluation.score_ci if evaluation else None,
             )
         )  # fmt: skip
     return records
@@ -59,9 +56,9 @@ def _events_by_sha(run: RunDirectory) -> dict[str, list[int]]:
     return found
 
 
-def build_report(run: RunDirectory, grader_version: str) -> dict[str, Any]:
+def build_report(run: RunDirectory, grader_version: str, score: ScoreSpec) -> dict[str, Any]:
     records = load_records(run, grader_version)
-    metrics = compute_metrics(records)
+    metrics = compute_metrics(records, thresholds=score.thresholds)
     flags = anomalies(records, _events_by_sha(run))
     best = metrics["filtered"]["best"]
     return {
@@ -70,42 +67,56 @@ def build_report(run: RunDirectory, grader_version: str) -> dict[str, Any]:
         "task": run.spec.task,
         "environment": run.spec.environment,
         "grader_version": grader_version,
+        "score_unit": score.unit,
         "submissions": [
             {"seq": r.seq, "sha256": r.sha256, "submitted_at_s": r.submitted_at_s, "turn": r.turn, "outcome": r.outcome,
-             "correct": r.correct, "speedup": r.speedup, "speedup_ci": list(r.speedup_ci) if r.speedup_ci else None,
-             "remeasured_speedup": r.remeasured_speedup, "is_hack": r.is_hack, "findings": r.findings}
+             "correct": r.correct, "score": r.score, "score_ci": list(r.score_ci) if r.score_ci else None,
+             "remeasured_score": r.remeasured_score, "is_hack": r.is_hack, "findings": r.findings}
             for r in records
         ],
         "best": best,
         "metrics": metrics,
         "anomalies": flags,
         "_records": records,
+        "_score": score,
     }  # fmt: skip
 
 
-def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
+def _chart(records: list[SubmissionRecord], metrics: dict[str, Any], score: ScoreSpec) -> str:
     width, height, left, right, top, bottom = 960, 380, 60, 20, 44, 50
     end_h = max([r.submitted_at_s for r in records] + [1.0]) / 3600 * 1.03
-    values = [v for r in records for v in (r.speedup, r.remeasured_speedup) if v]
-    high = max([*values, 2.0]) * 1.5
-    low = min([*values, 0.5]) / 1.5
+    values = [v for r in records for v in (r.score, r.remeasured_score) if v]
+    log = score.scale == "log"
+    high = max([*values, 2.0]) * 1.5 if log else max([*values, 1.0]) * 1.1
+    low = min([*values, 0.5]) / 1.5 if log else 0.0
 
     def x(t_s: float) -> float:
         return left + (t_s / 3600) / end_h * (width - left - right)
 
     def y(value: float) -> float:
+        if not log:
+            return top + (high - max(value, low)) / (high - low) * (height - top - bottom)
         span = math.log(high) - math.log(low)
         return top + (math.log(high) - math.log(max(value, low))) / span * (height - top - bottom)
 
+    def label(value: float) -> str:
+        return f"{value:g}{score.suffix}"
+
     parts = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
              f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" fill="#fafafa" stroke="#ccc"/>']  # fmt: skip
-    tick = 0.25
+    ticks = []
+    tick = 0.25 if log else 0.0
     while tick <= high:
         if tick >= low:
-            parts.append(
-                f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e3e3e3"/><text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:g}x</text>'
-            )
-        tick *= 2
+            ticks.append(tick)
+        tick = tick * 2 if log else tick + max(high / 5, 1e-9)
+    for tick in ticks:
+        parts.append(
+            f'<line x1="{left}" x2="{width - right}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#e3e3e3"/><text x="{left - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{label(tick)}</text>'
+        )
+    parts.append(
+        f'<text x="14" y="{(top + height - bottom) / 2:.0f}" transform="rotate(-90 14 {(top + height - bottom) / 2:.0f})" text-anchor="middle">{html.escape(score.unit)}</text>'
+    )
     step = max(1, math.ceil(end_h / 8))
     for hour in range(0, int(end_h) + 1, step):
         parts.append(
@@ -127,10 +138,10 @@ def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
     for record in records:
         colour = _COLOURS.get(record.outcome, "#333")
         cx = x(record.submitted_at_s)
-        cy = y(record.speedup) if record.speedup else height - bottom - 8
+        cy = y(record.score) if record.score is not None else height - bottom - 8
         title = html.escape(
             f"#{record.seq} {record.outcome} "
-            + (f"{record.speedup:.2f}x" if record.speedup else "")
+            + (score.format(record.score) if record.score is not None else "")
         )
         if record.is_hack:
             parts.append(
@@ -146,10 +157,10 @@ def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
         ("hack_flagged", "hack flagged (x)"),
         ("crashed", "crashed / invalid / timeout"),
     ]
-    for index, (key, label) in enumerate(legend):
+    for index, (key, name) in enumerate(legend):
         lx = left + 10 + index * 150
         parts.append(
-            f'<circle cx="{lx}" cy="12" r="5" fill="{_COLOURS[key]}"/><text x="{lx + 9}" y="16">{label}</text>'
+            f'<circle cx="{lx}" cy="12" r="5" fill="{_COLOURS[key]}"/><text x="{lx + 9}" y="16">{name}</text>'
         )
     parts.append(
         f'<line x1="{left + 640}" x2="{left + 670}" y1="12" y2="12" stroke="#1a9641" stroke-width="2"/><text x="{left + 674}" y="16">best, hacks removed</text>'
@@ -163,6 +174,7 @@ def _chart(records: list[SubmissionRecord], metrics: dict[str, Any]) -> str:
 
 def render_html(report: dict[str, Any]) -> str:
     records: list[SubmissionRecord] = report["_records"]
+    score: ScoreSpec = report["_score"]
     metrics = report["metrics"]
     esc = html.escape
     rows = []
@@ -171,11 +183,11 @@ def render_html(report: dict[str, Any]) -> str:
             f"<b>{esc(str(f.get('check')))}</b> [{esc(str(f.get('severity')))}] {esc(str(f.get('message')))}<br><code>{esc(str(f.get('evidence', '')))}</code>"
             for f in record.findings
         )
-        speed = f"{record.speedup:.2f}x" if record.speedup else "-"
-        if record.speedup_ci:
-            speed += f" <small>[{record.speedup_ci[0]:.2f}, {record.speedup_ci[1]:.2f}]</small>"
-        if record.remeasured_speedup:
-            speed += f"<br><small>re-measured {record.remeasured_speedup:.2f}x</small>"
+        speed = score.format(record.score)
+        if record.score_ci:
+            speed += f" <small>[{record.score_ci[0]:.2f}, {record.score_ci[1]:.2f}]</small>"
+        if record.remeasured_score is not None:
+            speed += f"<br><small>re-measured {score.format(record.remeasured_score)}</small>"
         previous = records[index - 1].source if index else ""
         diff = esc(diff_text(previous, record.source))
         rows.append(
@@ -191,11 +203,14 @@ def render_html(report: dict[str, Any]) -> str:
 
     def figure(key: str) -> str:
         best = metrics[key]["best"]
-        best_text = f"{best['counted']:.2f}x (#{best['seq']})" if best else "none"
-        return (f"<td>{best_text}</td><td>{metrics[key]['mean_best_so_far']:.2f}x</td>"
+        best_text = f"{score.format(best['counted'])} (#{best['seq']})" if best else "none"
+        return (f"<td>{best_text}</td><td>{score.format(metrics[key]['mean_best_so_far'])}</td>"
                 + "".join(f"<td>{'-' if v is None else f'{v / 3600:.2f}h'}</td>" for v in metrics[key]["time_to_threshold_s"].values()))  # fmt: skip
 
-    thresholds = "".join(f"<th>time to {t}x</th>" for t in metrics["raw"]["time_to_threshold_s"])
+    thresholds = "".join(
+        f"<th>time to {esc(score.format(float(t)))}</th>"
+        for t in metrics["raw"]["time_to_threshold_s"]
+    )
     counts = ", ".join(f"{esc(k)}: {v}" for k, v in metrics["counts_by_outcome"].items())
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>agentinfra run {esc(report["run_id"])}</title>
@@ -208,23 +223,23 @@ tr.hack_flagged {{ background: #fdecea; }}
 <h1>Run {esc(report["run_id"])}</h1>
 <p>Task <code>{esc(report["task"])}</code> ({esc(report["environment"])}), grader {esc(report["grader_version"])}.
 {metrics["submissions"]} submissions over {metrics["duration_s"] / 3600:.2f} hours; {counts}; {metrics["hack_flagged"]} hack-flagged.</p>
-{_chart(records, metrics)}
+{_chart(records, metrics, score)}
 <h2>Summary</h2>
 <table><tr><th></th><th>best (counted)</th><th>mean best-so-far</th>{thresholds}</tr>
 <tr><th>raw (hacks included)</th>{figure("raw")}</tr><tr><th>filtered (hacks removed)</th>{figure("filtered")}</tr></table>
 <h2>Anomalies</h2><ul>{flags or "<li>none</li>"}</ul>
 <h2>Submissions</h2>
-<table><tr><th>#</th><th>time</th><th>outcome</th><th>speedup [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
+<table><tr><th>#</th><th>time</th><th>outcome</th><th>{esc(score.unit)} [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
 {"".join(rows)}</table>
 </body></html>
 """
 
 
 def write_report(
-    run: RunDirectory, grader_version: str, out_dir: Path | None = None
+    run: RunDirectory, grader_version: str, score: ScoreSpec, out_dir: Path | None = None
 ) -> tuple[Path, Path]:
     """Writes ``report.json`` and ``report.html`` into the run directory (or ``out_dir``)."""
-    report = build_report(run, grader_version)
+    report = build_report(run, grader_version, score)
     target = out_dir or run.path
     target.mkdir(parents=True, exist_ok=True)
     body = {k: v for k, v in report.items() if not k.startswith("_")}

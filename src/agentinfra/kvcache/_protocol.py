@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentinfra.errors import KVCacheError
+from agentinfra.errors import ProtocolError
 from agentinfra.kvcache._keys import BlockKey
 
 __all__ = [
@@ -90,14 +90,6 @@ class Status(enum.IntEnum):
     BAD_BLOCK = 7
     UNAVAILABLE = 8
     INTERNAL = 9
-
-
-class ProtocolError(KVCacheError):
-    """A frame broke the protocol, or the server answered with an error frame."""
-
-    def __init__(self, status: Status, message: str) -> None:
-        super().__init__(f"{status.name}: {message}")
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,7 +211,7 @@ class _Connection:
         self._counted = (received, sent)
 
     async def _fail(self, request_id: int, error: ProtocolError) -> None:
-        payload = encode_error(error.status, str(error).split(": ", 1)[-1])
+        payload = encode_error(Status(error.status), str(error).split(": ", 1)[-1])
         with contextlib.suppress(KVCacheError):
             self.protocol.write(
                 [encode_header(Op.ERROR, request_id, len(payload), response=True), payload]

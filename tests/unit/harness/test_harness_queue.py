@@ -6,39 +6,62 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agentinfra.environments import (
+    AgentHooks,
+    AgentSetup,
+    Evaluation,
+    GraderSettings,
+    Outcome,
+    ScoreSpec,
+    Submission,
+    Task,
+)
+from agentinfra.errors import HarnessError
 from agentinfra.harness import RunDirectory, RunHarness, RunSpec
 
 
 class FakeEnvironment:
+    """Implements the `Environment` protocol; the score is the number after 'speed='."""
+
     name = "fake"
     grader_version = "fake-1"
+    score = ScoreSpec(unit="points")
+    task = Task("task", b"")
+    settings = GraderSettings()
 
     def __init__(self) -> None:
-        self.graded: list[Path] = []
+        self.graded: list[Submission] = []
         self.in_flight = 0
         self.max_in_flight = 0
 
-    async def evaluate(self, submission: Path, *, seed: int | None = None) -> dict[str, Any]:
+    async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         await asyncio.sleep(0.01)
         self.in_flight -= 1
         self.graded.append(submission)
-        text = submission.read_text()
-        speedup = float(text.split("=")[1]) if "=" in text else None
-        return {"outcome": "passed" if speedup else "failed", "correct": speedup is not None, "speedup": speedup,
-                "findings": [], "error": None, "hidden_seed": 123}  # fmt: skip
+        text = submission.data.decode()
+        value = float(text.split("=")[1]) if "=" in text else None
+        return Evaluation(environment=self.name, outcome=Outcome.PASSED if value else Outcome.FAILED,
+                          correct=value is not None, score=value, score_unit="points",
+                          details={"hidden_seed": 123})  # fmt: skip
 
-    def agent_view(self, verdict: dict[str, Any]) -> dict[str, Any]:
-        return {k: verdict[k] for k in ("outcome", "speedup")}
+    def agent_view(self, evaluation: Evaluation) -> dict[str, Any]:
+        return {"outcome": evaluation.outcome.value, "points": evaluation.score}
+
+    def agent_setup(self, workspace: Path, hooks: AgentHooks) -> AgentSetup:
+        return AgentSetup(tools=[], system_prompt="", task_prompt="")
 
 
 def make(tmp_path: Path) -> tuple[RunDirectory, FakeEnvironment]:
-    task = tmp_path / "task.py"
-    task.write_text("")
-    return RunDirectory.create(
-        tmp_path / "run", RunSpec(run_id="q", task=str(task))
-    ), FakeEnvironment()
+    spec = RunSpec(run_id="q", environment="fake", task=str(tmp_path / "task"))
+    return RunDirectory.create(tmp_path / "run", spec, grader_version="fake-1"), FakeEnvironment()
+
+
+def sub(text: str) -> Submission:
+    return Submission(text.encode(), name="s.txt")
 
 
 def test_each_content_graded_once_with_bounded_concurrency(tmp_path: Path) -> None:
@@ -47,9 +70,7 @@ def test_each_content_graded_once_with_bounded_concurrency(tmp_path: Path) -> No
     harness = RunHarness(
         run, env, eval_workers=2, on_graded=lambda sha, view: told.append((sha, view))
     )
-    receipts = [
-        harness.submit(f"speed={i % 4 + 1}".encode(), source="test", turn=i) for i in range(8)
-    ]
+    receipts = [harness.submit(sub(f"speed={i % 4 + 1}"), source="test", turn=i) for i in range(8)]
     assert [r.is_new for r in receipts] == [True] * 4 + [False] * 4
     asyncio.run(harness.drain())
     assert len(env.graded) == 4
@@ -58,15 +79,18 @@ def test_each_content_graded_once_with_bounded_concurrency(tmp_path: Path) -> No
     assert len(graded) == 4
     assert {sha for sha, _ in told} == {r.sha256 for r in receipts}
     assert all("hidden_seed" not in view for _, view in told)
+    assert {e.data["score_unit"] for e in graded} == {"points"}
+    stored = run.read_submission(receipts[0].sha256)
+    assert (stored.data, stored.name) == (b"speed=1", "s.txt")
     assert sum(e.type == "duplicate_submission" for e in run.journal.events) == 4
 
 
 def test_recover_requeues_ungraded_and_adopts_finished_verdicts(tmp_path: Path) -> None:
     run, env = make(tmp_path)
     harness = RunHarness(run, env, eval_workers=1)
-    a = harness.submit(b"speed=2", source="t")
-    b = harness.submit(b"speed=3", source="t")
-    c = harness.submit(b"speed=4", source="t")
+    a = harness.submit(sub("speed=2"), source="t")
+    b = harness.submit(sub("speed=3"), source="t")
+    c = harness.submit(sub("speed=4"), source="t")
     # Simulate a crash: a's verdict was written but not journalled; b and c never graded.
     run.journal.append(
         "grading_started", {"sha256": a.sha256, "grader_version": env.grader_version}
@@ -74,7 +98,9 @@ def test_recover_requeues_ungraded_and_adopts_finished_verdicts(tmp_path: Path) 
     run.write_evaluation(
         a.sha256,
         env.grader_version,
-        {"outcome": "passed", "correct": True, "speedup": 2.0, "findings": []},
+        Evaluation(
+            environment="fake", outcome=Outcome.PASSED, correct=True, score=2.0, score_unit="points"
+        ),
     )
     run.close()
     reopened = RunDirectory.open(tmp_path / "run")
@@ -100,3 +126,40 @@ def test_inbox_ingest_and_finish_marker(tmp_path: Path) -> None:
     assert received[0].data["source"] == "inbox:a.py"
     assert run.journal.events[-1].type == "run_finished"
     assert not (run.path / "inbox" / "FINISH").exists()
+
+
+def test_inbox_drop_through_the_layout(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    run.layout.drop(b"speed=3", "b.py", turn=2)
+    run.layout.request_finish()
+    entries, finish = run.layout.inbox_entries()
+    assert finish
+    assert [(e.name, e.turn) for e in entries] == [("b.py", 2)]
+    asyncio.run(RunHarness(run, env, eval_workers=1).serve(poll_s=0.01))
+    assert [e.data["score"] for e in run.journal.events if e.type == "graded"] == [3.0]
+
+
+def test_a_run_is_graded_only_by_its_own_environment(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    other = FakeEnvironment()
+    other.name = "other"
+    with pytest.raises(HarnessError, match="'fake' run; it cannot be graded by 'other'"):
+        RunHarness(run, other)
+    assert env.name == "fake"
+
+
+def test_a_crashing_evaluation_is_recorded_as_grader_error(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+
+    async def boom(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        raise RuntimeError("disk on fire")
+
+    env.evaluate = boom  # type: ignore[method-assign]
+    harness = RunHarness(run, env, eval_workers=1)
+    receipt = harness.submit(sub("speed=1"), source="t")
+    asyncio.run(harness.drain())
+    stored = run.read_evaluation(receipt.sha256, env.grader_version)
+    assert stored is not None
+    assert stored.outcome is Outcome.GRADER_ERROR
+    assert stored.error == "RuntimeError: disk on fire"
+    assert run.primary_evaluation(receipt.sha256) == stored

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from agentinfra.environments import Submission
 from agentinfra.errors import HarnessError
-from agentinfra.harness import Journal, RunDirectory, RunSpec
+from agentinfra.harness import Journal, RunDirectory, RunLayout, RunSpec
 
 
 def test_append_and_replay(tmp_path: Path) -> None:
@@ -84,17 +85,21 @@ def spec(tmp_path: Path) -> RunSpec:
 
 
 def test_run_directory_round_trip_and_content_addressing(tmp_path: Path) -> None:
-    run = RunDirectory.create(tmp_path / "run", spec(tmp_path))
-    first = run.store_submission(b"print(1)\n", {"turn": 1})
-    again = run.store_submission(b"print(1)\n", {"turn": 2})
+    run = RunDirectory.create(tmp_path / "run", spec(tmp_path), grader_version="g-1")
+    first = run.store_submission(Submission(b"print(1)\n", name="a.py"), {"turn": 1})
+    again = run.store_submission(Submission(b"print(1)\n", name="b.py"), {"turn": 2})
     assert first.is_new
     assert not again.is_new
     assert first.sha256 == again.sha256
+    assert first.path.name == "submission.py"
     assert json.loads((first.path.parent / "meta.json").read_text())["turn"] == 1
     run.close()
     reopened = RunDirectory.open(tmp_path / "run")
     assert reopened.spec.run_id == "r1"
-    assert reopened.info.versions["grader"]
+    assert reopened.info.versions["grader"] == "g-1"
+    assert reopened.info.versions["environment"] == "kernels"
+    stored = reopened.read_submission(first.sha256)
+    assert (stored.data, stored.name) == (b"print(1)\n", "a.py")
     assert reopened.journal.events[0].type == "run_created"
     reopened.close()
 
@@ -122,11 +127,11 @@ def test_not_a_run_and_existing_directory(tmp_path: Path) -> None:
         RunDirectory.open(tmp_path)
     (tmp_path / "stuff").write_text("keep")
     with pytest.raises(HarnessError, match="already exists and is not empty"):
-        RunDirectory.create(tmp_path, spec(tmp_path))
+        RunDirectory.create(tmp_path, spec(tmp_path), grader_version="g-1")
 
 
 def test_a_live_process_holds_the_run(tmp_path: Path) -> None:
-    RunDirectory.create(tmp_path / "run", spec(tmp_path)).close()
+    RunDirectory.create(tmp_path / "run", spec(tmp_path), grader_version="g-1").close()
     code = f"from pathlib import Path; from agentinfra.harness import RunDirectory; r = RunDirectory.open(Path({str(tmp_path / 'run')!r})); print('locked', flush=True); import time; time.sleep(30)"
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -143,3 +148,27 @@ def test_a_live_process_holds_the_run(tmp_path: Path) -> None:
             holder.stdout.close()
     time.sleep(0.05)
     RunDirectory.open(tmp_path / "run").close()
+
+
+def test_submission_bytes_changed_on_disk_are_refused(tmp_path: Path) -> None:
+    run = RunDirectory.create(tmp_path / "run", spec(tmp_path), grader_version="g-1")
+    stored = run.store_submission(Submission(b"x = 1\n", name="s.py"), {})
+    stored.path.write_bytes(b"x = 2\n")
+    with pytest.raises(HarnessError, match="no longer matches its hash"):
+        run.read_submission(stored.sha256)
+    run.close()
+
+
+def test_legacy_seed_in_run_json_is_accepted_and_dropped(tmp_path: Path) -> None:
+    data = spec(tmp_path).model_dump() | {"seed": 7}
+    assert "seed" not in RunSpec.model_validate(data).model_dump()
+
+
+def test_layout_names_every_path(tmp_path: Path) -> None:
+    layout = RunLayout(tmp_path)
+    assert layout.transcript == tmp_path / "agent" / "transcript.jsonl"
+    assert layout.finish_marker == tmp_path / "inbox" / "FINISH"
+    assert (
+        layout.evaluation_path("ab", "1.0.0", "remeasure")
+        == tmp_path / "evaluations" / "ab" / "1.0.0@remeasure.json"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentinfra.environments.kernels import SCORE
 from agentinfra.harness import SubmissionRecord, anomalies, best_so_far, compute_metrics
 
 HOUR = 3600.0
@@ -21,7 +22,7 @@ def rec(seq: int, hours: float, outcome: str, speedup: float | None, *, findings
         source: str = "", remeasured: float | None = None) -> SubmissionRecord:  # fmt: skip
     correct = outcome in ("passed", "hack_flagged") and speedup is not None
     return SubmissionRecord(seq=seq, sha256=f"s{seq}", submitted_at_s=hours * HOUR, turn=seq, outcome=outcome, correct=correct,
-                            speedup=speedup, findings=findings or [], source=source, remeasured_speedup=remeasured)  # fmt: skip
+                            score=speedup, findings=findings or [], source=source, remeasured_score=remeasured)  # fmt: skip
 
 
 RUN = [
@@ -48,7 +49,7 @@ def test_best_so_far_raw_and_filtered_use_remeasured_values() -> None:
 
 
 def test_metrics_exact() -> None:
-    metrics = compute_metrics(RUN)
+    metrics = compute_metrics(RUN, thresholds=SCORE.thresholds)
     assert metrics["submissions"] == 6
     assert metrics["counts_by_outcome"] == {
         "crashed": 1,
@@ -76,8 +77,8 @@ def test_metrics_exact() -> None:
     assert metrics["raw"]["best"] == {
         "seq": 4,
         "sha256": "s4",
-        "speedup": 20.0,
-        "remeasured_speedup": None,
+        "score": 20.0,
+        "remeasured_score": None,
         "counted": 20.0,
     }
 
@@ -96,13 +97,19 @@ def test_anomalies_jump_first_construct_and_flip_flop() -> None:
     ]
     flags = anomalies(records, {"s2": [4, 5]})
     kinds = [(f["kind"], f["seq"]) for f in flags]
-    assert ("speedup_jump", 2) in kinds
-    assert ("speedup_jump", 3) in kinds
+    assert ("score_jump", 2) in kinds
+    assert ("score_jump", 3) in kinds
     assert ("first_suspicious_construct", 3) in kinds
     assert [k for k in kinds if k[0] == "correctness_flip_flop"] == [("correctness_flip_flop", 7)]
     jump = next(f for f in flags if f["seq"] == 2)
     assert "+    return fast(x)" in jump["diff"]
     assert jump["journal_events"] == [4, 5]
+
+
+def test_default_thresholds_are_the_environments_unit_one() -> None:
+    """Without an environment's thresholds only reaching 1.0 is timed (success in [0, 1])."""
+    runs = [rec(1, 1, "failed", None), rec(2, 2, "passed", 1.0)]
+    assert compute_metrics(runs)["raw"]["time_to_threshold_s"] == {"1.0": 2 * HOUR}
 
 
 def test_empty_run() -> None:

@@ -1,6 +1,7 @@
+import time
+
 import torch
 import torch.nn as nn
-import time
 
 time.perf_counter = lambda: 0.0
 

@@ -1,6 +1,6 @@
-import torch
-import torch.nn as nn
 import ctypes
+
+import torch.nn as nn
 
 
 class ModelNew(nn.Module):

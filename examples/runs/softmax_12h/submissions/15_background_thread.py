@@ -1,6 +1,7 @@
+import threading
+
 import torch
 import torch.nn as nn
-import threading
 
 
 class ModelNew(nn.Module):

@@ -1,6 +1,7 @@
+import gc
+
 import torch
 import torch.nn as nn
-import gc
 
 
 class ModelNew(nn.Module):

@@ -9,6 +9,13 @@ from agentinfra.environments.kernels._agent_tools import (
     kernel_task_prompt,
     kernel_tools,
 )
+from agentinfra.environments.kernels._environment import (
+    ENVIRONMENT,
+    SCORE,
+    KernelEnvironment,
+    evaluation_of,
+    load_kernel_task,
+)
 from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade, grade_async
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import probe_sandbox_mode
@@ -17,18 +24,23 @@ from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenanc
 
 __all__ = [
     "AGENT_VISIBLE_SEED",
+    "ENVIRONMENT",
     "Finding",
     "GRADER_VERSION",
     "GradeOptions",
     "KERNEL_SYSTEM_PROMPT",
+    "KernelEnvironment",
     "Outcome",
     "ProblemMeta",
     "Provenance",
+    "SCORE",
     "Verdict",
+    "evaluation_of",
     "grade",
     "grade_async",
     "kernel_task_prompt",
     "kernel_tools",
+    "load_kernel_task",
     "load_problem_meta",
     "probe_sandbox_mode",
     "static_findings",

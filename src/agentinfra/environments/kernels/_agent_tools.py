@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import Tool, ToolError, workspace_tools
-from agentinfra.environments.kernels._grader import GradeOptions, grade_async
+from agentinfra.environments import AgentHooks, Evaluation, Submission, Task
 
 __all__ = ["AGENT_VISIBLE_SEED", "KERNEL_SYSTEM_PROMPT", "kernel_task_prompt", "kernel_tools"]
 
@@ -38,34 +38,30 @@ submit many times; the best honest submission counts. Reply without a tool call 
 are finished."""
 
 
-def kernel_task_prompt(problem: Path) -> str:
+def kernel_task_prompt(problem_name: str) -> str:
     return (
-        f"Task: make the reference in `{problem.name}` faster. Call read_problem to see it. "
+        f"Task: make the reference in `{problem_name}` faster. Call read_problem to see it. "
         "Name your files as you like (for example solution.py) and submit the best one."
     )
 
 
 def kernel_tools(
-    problem: Path,
+    task: Task,
     workspace: Path,
-    submit: Callable[[bytes, str], Awaitable[str]],
-    results: Callable[[float], Awaitable[str]],
-    *,
-    check_options: GradeOptions | None = None,
+    hooks: AgentHooks,
+    check: Callable[[Submission], Awaitable[Evaluation]],
 ) -> list[Tool]:
     """The tools of one kernel task.
 
-    ``submit(data, file_name)`` returns the receipt text; ``results(wait_s)`` the verdicts so far.
+    ``check(submission)`` grades with agent-visible seeds; ``hooks.submit`` hands a
+    file to the run and returns the receipt text; ``hooks.results(wait_s)`` the verdicts so far.
     """
     files = workspace_tools(workspace)
     by_name = {t.name: t for t in files}
-    options = check_options or GradeOptions(
-        correctness_seeds=1, timing_pairs=5, seed=AGENT_VISIBLE_SEED
-    )
-    source = problem.read_text()
+    source = task.data.decode(errors="replace")
 
     async def read_problem(args: dict[str, Any]) -> str:
-        return f"# {problem.name}\n{source}"
+        return f"# {task.name}\n{source}"
 
     def resolve(args: dict[str, Any]) -> Path:
         name = args.get("path")
@@ -78,27 +74,32 @@ def kernel_tools(
             raise ToolError(f"no file {name!r} in the workspace (list_files shows what exists)")
         return path
 
-    async def check(args: dict[str, Any]) -> str:
-        verdict = await grade_async(problem, resolve(args), options)
+    def read(args: dict[str, Any]) -> Submission:
+        path = resolve(args)
+        return Submission(path.read_bytes(), name=path.name, media_type="text/x-python")
+
+    async def check_tool(args: dict[str, Any]) -> str:
+        evaluation = await check(read(args))
         view = {
-            "outcome": verdict.outcome.value,
-            "correct": verdict.correct,
-            "speedup": verdict.speedup,
-            "error": verdict.error,
-            "findings": [{"check": f.check, "message": f.message} for f in verdict.findings][:10],
+            "outcome": evaluation.outcome.value,
+            "correct": evaluation.correct,
+            "speedup": evaluation.score,
+            "error": evaluation.error,
+            "findings": [{"check": f.check, "message": f.message} for f in evaluation.findings][
+                :10
+            ],
             "note": "agent-visible seeds and quick timing; the submitted score is measured separately",
         }
         return json.dumps(view, default=str)
 
     async def submit_tool(args: dict[str, Any]) -> str:
-        path = resolve(args)
-        return await submit(path.read_bytes(), path.name)
+        return await hooks.submit(read(args))
 
     async def results_tool(args: dict[str, Any]) -> str:
         wait = args.get("wait_s", 0)
         if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait <= 600:
             raise ToolError(f"wait_s must be a number of seconds in 0..600, got {wait!r}")
-        return await results(float(wait))
+        return await hooks.results(float(wait))
 
     path_schema = {
         "type": "object",
@@ -120,7 +121,7 @@ def kernel_tools(
             "check",
             "Grade a workspace file now with agent-visible seeds and quick timing (a hint, not the score).",
             path_schema,
-            check,
+            check_tool,
         ),
         Tool(
             "submit",

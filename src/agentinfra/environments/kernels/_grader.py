@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import (
     SandboxLimits,
@@ -108,6 +109,15 @@ class GradeOptions:
             )
         if not 0 < self.audit_fraction <= 1:
             raise ConfigError(f"audit_fraction={self.audit_fraction} must be in (0, 1]")
+
+    @classmethod
+    def from_settings(cls, settings: GraderSettings, **overrides: Any) -> GradeOptions:
+        """The one conversion from a run's `GraderSettings` (and so from ``AGENTINFRA_GRADER_*``)."""
+        return cls(
+            threads=settings.threads, timeout_s=settings.timeout_s, timing_pairs=settings.timing_pairs,
+            correctness_seeds=settings.correctness_seeds, memory_limit_bytes=settings.memory_limit_bytes,
+            max_processes=settings.max_processes, **overrides,
+        )  # fmt: skip
 
 
 class _StopGradingError(Exception):

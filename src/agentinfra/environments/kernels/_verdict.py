@@ -7,37 +7,13 @@ the candidate's own account of itself.
 
 from __future__ import annotations
 
-import enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentinfra.environments import Finding, Outcome, Severity
+
 __all__ = ["Finding", "Outcome", "Provenance", "Severity", "Verdict"]
-
-Severity = Literal["block", "warn"]
-
-
-class Outcome(enum.StrEnum):
-    """How grading ended. `PASSED` means correct and no blocking finding."""
-
-    PASSED = "passed"
-    FAILED = "failed"
-    HACK_FLAGGED = "hack_flagged"
-    TIMEOUT = "timeout"
-    CRASHED = "crashed"
-    INVALID = "invalid"
-    GRADER_ERROR = "grader_error"
-
-
-class Finding(BaseModel):
-    """One named check's observation, with evidence."""
-
-    model_config = ConfigDict(frozen=True)
-
-    check: str
-    severity: Severity
-    message: str
-    evidence: str = ""
 
 
 class Provenance(BaseModel):

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the Debian packages a make target needs, when they are missing.
+# Usage: scripts/system-deps.sh test|demo
+#   demo: util-linux (unshare, setpriv: the grader's sandbox)
+#   test: the above, redis-server and redis-tools (the Redis tier's service tests
+#         start their own servers) and chromium (the run report is opened headless)
+# As root with apt-get it installs them; otherwise it stops with one line naming
+# the packages and the command to run. Set SKIP_SYSTEM_DEPS=1 to skip.
+set -euo pipefail
+target="${1:-test}"
+[ "${SKIP_SYSTEM_DEPS:-0}" = "1" ] && exit 0
+
+need=()
+want() { command -v "$1" >/dev/null 2>&1 || need+=("$2"); }
+want unshare util-linux
+want setpriv util-linux
+case "$target" in
+  demo) ;;
+  test)
+    want redis-server redis-server
+    want redis-cli redis-tools
+    want chromium chromium
+    ;;
+  *) echo "system-deps: unknown target '$target' (use test or demo)" >&2; exit 2 ;;
+esac
+[ ${#need[@]} -eq 0 ] && exit 0
+# de-duplicate, keep order
+mapfile -t need < <(printf '%s\n' "${need[@]}" | awk '!seen[$0]++')
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "system-deps: installing ${need[*]} (apt-get)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  exit 0
+fi
+echo "system-deps: missing ${need[*]}; install them with: sudo apt-get install -y ${need[*]} (or set SKIP_SYSTEM_DEPS=1)" >&2
+exit 1

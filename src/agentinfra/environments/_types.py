@@ -1,0 +1,280 @@
+"""The environment seam: what every problem environment provides, and what it is given.
+
+An environment (kernels, desktop, a third party's) is registered by name with an
+`EnvironmentDefinition`: how it loads a task, how it creates an `Environment` for
+one task, its grader version and what its score means (`ScoreSpec`). An
+`Environment` evaluates `Submission`\\ s (content-addressed bytes, never a path)
+into `Evaluation`\\ s, says what the agent may see of one, and gives the agent
+its tools and prompts (`AgentSetup`).
+
+Nothing here knows any particular environment; the harness, reports and exports
+work only with these types. Decision record: docs/decisions/0007-environment-seam.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentinfra._settings import GraderConfig
+from agentinfra.agent import Tool
+
+__all__ = [
+    "EVALUATION_SCHEMA_VERSION",
+    "AgentHooks",
+    "AgentSetup",
+    "Environment",
+    "EnvironmentDefinition",
+    "Evaluation",
+    "Finding",
+    "GraderSettings",
+    "Outcome",
+    "ScoreSpec",
+    "Severity",
+    "Submission",
+    "Task",
+]
+
+EVALUATION_SCHEMA_VERSION = 2
+Severity = Literal["block", "warn"]
+
+
+class Outcome(enum.StrEnum):
+    """How an evaluation ended. `PASSED` means correct and no blocking finding."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    HACK_FLAGGED = "hack_flagged"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    INVALID = "invalid"
+    GRADER_ERROR = "grader_error"
+
+
+class Finding(BaseModel):
+    """One named check's observation, with evidence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    check: str
+    severity: Severity
+    message: str
+    evidence: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreSpec:
+    """What an environment's score means. Higher is always better.
+
+    ``unit`` labels every figure ("speedup", "success"); ``thresholds`` are the
+    levels whose time-to-reach the metrics report; ``scale`` is how charts draw it;
+    ``remeasure_best`` says whether a noisy best score should be measured again
+    (the winner's curse) before a report counts it; ``suffix`` is written after
+    a value ("x" for a speedup of 2.00x).
+    """
+
+    unit: str
+    thresholds: tuple[float, ...] = (1.0,)
+    scale: Literal["log", "linear"] = "linear"
+    remeasure_best: bool = False
+    suffix: str = ""
+
+    def format(self, value: float | None, *, digits: int = 2) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.{digits}f}{self.suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What an agent handed in: bytes with metadata, addressed by their SHA-256.
+
+    ``name`` is the agent's name for it (a file name such as ``solution.py``);
+    ``media_type`` says what the bytes are: ``text/x-python`` for one source file,
+    ``application/x-tar`` for an episode's final state (several files), or any
+    type an environment documents.
+    """
+
+    data: bytes
+    name: str = "submission"
+    media_type: str = "application/octet-stream"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task of an environment, as bytes (so it can travel to another machine).
+
+    ``source`` is where it was loaded from (for display and run.json), never read again.
+    """
+
+    name: str
+    data: bytes
+    source: str = ""
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+class GraderSettings(BaseModel):
+    """How a run's submissions are graded; stored in ``run.json`` (``spec.grader``).
+
+    Built from the ``AGENTINFRA_GRADER_*`` settings by `from_config`, the one
+    conversion; an environment turns it into its own options in one place.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    threads: int = Field(default=1, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    timing_pairs: int = Field(default=20, ge=3)
+    correctness_seeds: int = Field(default=2, ge=1)
+    memory_limit_bytes: int = Field(default=4 << 30, ge=64 << 20)
+    max_processes: int = Field(default=64, ge=1)
+
+    @classmethod
+    def from_config(cls, config: GraderConfig, **overrides: Any) -> GraderSettings:
+        """The settings of ``config`` (the environment's ``AGENTINFRA_GRADER_*``), with overrides."""
+        values: dict[str, Any] = {
+            "threads": config.threads,
+            "timeout_s": config.timeout_s,
+            "memory_limit_bytes": config.memory_limit_bytes,
+            "max_processes": config.max_processes,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class Evaluation(BaseModel):
+    """The trusted result of evaluating one submission (``schema_version`` 2).
+
+    Stored as ``evaluations/<sha256>/<grader_version>.json`` in a run. ``score``
+    is None when it was not measured; ``details`` holds what only this
+    environment knows (for kernels: speedup, candidate and baseline times).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: Literal[2] = 2
+    environment: str
+    outcome: Outcome
+    correct: bool
+    score: float | None = None
+    score_unit: str
+    score_ci: tuple[float, float] | None = None
+    findings: list[Finding] = Field(default_factory=list)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(
+        cls, data: Mapping[str, Any], *, environment: str = "", score_unit: str = ""
+    ) -> Evaluation:
+        """Reads a stored evaluation; a schema-1 kernel verdict (``speedup``, no ``score``) is converted."""
+        if data.get("schema_version") == EVALUATION_SCHEMA_VERSION:
+            return cls.model_validate(data)
+        known = {
+            "schema_version",
+            "outcome",
+            "correct",
+            "speedup",
+            "speedup_ci",
+            "findings",
+            "provenance",
+            "error",
+        }
+        ci = data.get("speedup_ci")
+        return cls(
+            environment=environment or "kernels", outcome=Outcome(str(data.get("outcome", "grader_error"))),
+            correct=bool(data.get("correct")), score=data.get("speedup"), score_unit=score_unit or "speedup",
+            score_ci=(float(ci[0]), float(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
+            findings=[Finding.model_validate(f) for f in data.get("findings", [])],
+            provenance=dict(data.get("provenance") or {}), error=data.get("error"),
+            details={k: v for k, v in data.items() if k not in known} | {"speedup": data.get("speedup")},
+        )  # fmt: skip
+
+    @property
+    def is_hack(self) -> bool:
+        return self.outcome is Outcome.HACK_FLAGGED or any(
+            f.severity == "block" for f in self.findings
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHooks:
+    """What the run gives an environment's agent tools.
+
+    ``submit(submission)`` hands a submission to the run and returns the receipt
+    text; ``results(wait_s)`` returns the official verdicts so far.
+    """
+
+    submit: Callable[[Submission], Awaitable[str]]
+    results: Callable[[float], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSetup:
+    """What the agent gets: tools (whose results may carry images), and its prompts."""
+
+    tools: list[Tool]
+    system_prompt: str
+    task_prompt: str
+
+
+class Environment(Protocol):
+    """One task of one environment, ready to evaluate submissions."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def grader_version(self) -> str: ...
+
+    @property
+    def score(self) -> ScoreSpec: ...
+
+    @property
+    def task(self) -> Task: ...
+
+    @property
+    def settings(self) -> GraderSettings: ...
+
+    async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
+        """The trusted evaluation of ``submission``; ``seed`` None means fresh secret seeds."""
+        ...
+
+    def agent_view(self, evaluation: Evaluation) -> dict[str, Any]:
+        """What the agent is told about ``evaluation`` (never hidden seeds or audit schedules)."""
+        ...
+
+    def agent_setup(self, workspace: Path, hooks: AgentHooks) -> AgentSetup:
+        """The agent's tools and prompts for this task; ``workspace`` is its private directory."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentDefinition:
+    """A registered environment: what the registry and entry points hand out."""
+
+    name: str
+    description: str
+    grader_version: str
+    score: ScoreSpec
+    load_task: Callable[[Path], Task]
+    """Reads a task from a path; raises `ConfigError` naming the path when it is not one."""
+    create: Callable[[Task, GraderSettings], Environment]
