@@ -108,7 +108,8 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     exported = _cli("export", str(run), "--format", "jsonl", "--out", str(tmp_path / "out.jsonl"))
     assert exported.returncode == 0, exported.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert record["schema_version"] == 1
+    assert record["schema_version"] == 2
+    assert record["score_unit"] == "speedup"
     assert record["model"] == MODEL
     assert record["task"] == PROBLEM.name
     assert record["sampling"] == {"temperature": 1.0, "top_p": 0.95, "extra_body": {"top_k": 40}}

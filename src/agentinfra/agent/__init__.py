@@ -11,6 +11,7 @@
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
+from agentinfra.agent._content import ContentPart, ImagePart, TextPart, ToolResult, check_png
 from agentinfra.agent._loop import (
     AgentLoop,
     AgentOutcome,
@@ -28,7 +29,9 @@ __all__ = [
     "AgentLoop",
     "AgentOutcome",
     "Completion",
+    "ContentPart",
     "EndpointLimiter",
+    "ImagePart",
     "LoopConfig",
     "ModelClient",
     "ModelProfile",
@@ -36,11 +39,14 @@ __all__ = [
     "ParsedReply",
     "Reply",
     "ScriptedModelServer",
+    "TextPart",
     "Tool",
     "ToolCall",
     "ToolError",
+    "ToolResult",
     "Transcript",
     "Usage",
+    "check_png",
     "parse_minimax_reply",
     "preflight",
     "profile_for",

@@ -9,22 +9,35 @@ result is run again on resume; every shipped tool is idempotent (files are
 overwritten whole, submissions are content-addressed), and a tool that is not
 must say so in its description.
 
+Images: a tool may return content parts (`TextPart`, `ImagePart`). Each image
+is stored once under ``images/<sha256>.png`` beside the transcript and journalled
+as a reference; the images of one turn's tool calls reach the model in one user
+message after that turn's tool results (as ``image_url`` parts with PNG data
+URLs), because OpenAI-compatible servers accept images in user messages, not in
+tool messages. An image counts ``image_tokens`` towards the context estimate.
+
 Context management: before each call the history's size is estimated. Over
-``trim_at`` of the context length, tool outputs older than the recent turns are
-shortened; if that is not enough, the oldest whole turns are dropped. The system
-prompt and the task are always kept. What was shortened or dropped is journalled.
+``trim_at`` of the context length, images older than the recent turns are
+dropped first, then old tool outputs are shortened; if that is not enough, the
+oldest whole turns are dropped. The system prompt and the task are always kept.
+Every drop and shortening is journalled, so resume rebuilds the same history.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from agentinfra._journal import Journal
+from agentinfra.agent._content import ImagePart, TextPart, image_data_url, image_ref, is_image_ref
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._toolcalls import parse_minimax_reply
 from agentinfra.agent._tools import Tool, tool_schemas
@@ -37,9 +50,55 @@ _CHARS_PER_TOKEN = 3.5
 
 
 class Transcript(Journal):
-    """The agent's journal (``agent/transcript.jsonl`` in a run directory)."""
+    """The agent's journal (``agent/transcript.jsonl`` in a run directory).
+
+    Images of tool results live beside it in ``images/<sha256>.png``, stored once.
+    """
 
     error_class = AgentError
+
+    @property
+    def images_dir(self) -> Path:
+        return self.path.parent / "images"
+
+    def store_image(self, png: bytes) -> str:
+        """Stores a PNG once (atomic write, fsync'd); returns its SHA-256."""
+        sha = hashlib.sha256(png).hexdigest()
+        target = self.images_dir / f"{sha}.png"
+        if target.is_file():
+            return sha
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(png)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise AgentError(
+                f"cannot store image {target}: {exc.strerror}; free disk space and resume"
+            ) from None
+        return sha
+
+    def load_image(self, sha: str) -> bytes:
+        """The stored PNG ``sha``.
+
+        Raises:
+            AgentError: missing, or its bytes no longer match the hash.
+        """
+        path = self.images_dir / f"{sha}.png"
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise AgentError(f"image {path} referenced by the transcript is missing") from None
+        if hashlib.sha256(data).hexdigest() != sha:
+            raise AgentError(
+                f"image {path} no longer matches its hash; the run directory was modified"
+            )
+        return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +123,8 @@ class LoopConfig:
     price_out_per_mtok: float | None = None
     request_timeout_s: float = 600.0
     max_retries: int = 6
+    image_tokens: int = 1_500
+    """What one image counts towards the context estimate."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -146,6 +207,7 @@ class AgentLoop:
         self.started_wall_s = clock()
         self.last_prompt_tokens = 0
         self.status = "starting"
+        self._pending_images: list[tuple[str, dict[str, Any]]] = []
 
     # -- resume ----------------------------------------------------------------------
 
@@ -158,6 +220,7 @@ class AgentLoop:
                 self.started_wall_s = event.wall_s
                 self.messages = [dict(m) for m in data["messages"]]
             elif event.type == "model_response":
+                self._flush_images()
                 self.turn = int(data["turn"])
                 usage = data.get("usage", {})
                 self.usage = Usage(
@@ -169,9 +232,12 @@ class AgentLoop:
                 pending = {c["call_id"]: c for c in data.get("calls", [])}
             elif event.type == "tool_result":
                 pending.pop(data["call_id"], None)
-                self.messages.append(_tool_message(data["call_id"], data["content"]))
+                self._append_result(data["call_id"], data["content"])
             elif event.type == "context_trimmed":
+                self._flush_images()
                 self._apply_trim(data)
+        if not pending:
+            self._flush_images()
         return list(pending.values())
 
     # -- the loop ----------------------------------------------------------------------
@@ -208,7 +274,7 @@ class AgentLoop:
             self.turn += 1
             self.status = f"turn {self.turn}: waiting for the model"
             completion = await self.client.complete(
-                self.messages, self.schemas, stream=self.config.stream, on_retry=self._journal_retry
+                self._wire(), self.schemas, stream=self.config.stream, on_retry=self._journal_retry
             )
             calls = self._record_reply(completion)
             if not calls:
@@ -276,16 +342,69 @@ class AgentLoop:
             self.transcript.append("tool_started", {"turn": self.turn, **call})
             content, is_error = await self._execute(call)
             notes = self.notifications() if self.notifications is not None else []
-            if notes:
+            if notes and isinstance(content, str):
                 content += "\n\n" + "\n".join(notes)
+            elif notes and isinstance(content, list):
+                content.append({"type": "text", "text": "\n".join(notes)})
             self.transcript.append(
                 "tool_result",
                 {"turn": self.turn, "call_id": call["call_id"], "name": call["name"], "content": content,
                  "is_error": is_error},
             )  # fmt: skip
-            self.messages.append(_tool_message(call["call_id"], content))
+            self._append_result(call["call_id"], content)
+        self._flush_images()
 
-    async def _execute(self, call: dict[str, Any]) -> tuple[str, bool]:
+    def _append_result(self, call_id: str, content: str | list[dict[str, Any]]) -> None:
+        self.messages.append(_tool_message(call_id, content))
+        if isinstance(content, list):
+            self._pending_images += [(call_id, p) for p in content if is_image_ref(p)]
+
+    def _flush_images(self) -> None:
+        """The images of the last turn's tool results, as one user message after them."""
+        if not self._pending_images:
+            return
+        calls = ", ".join(dict.fromkeys(call_id for call_id, _ in self._pending_images))
+        parts: list[dict[str, Any]] = [
+            {"type": "text", "text": f"[images returned by tool call(s) {calls}]"}
+        ]
+        parts += [dict(ref) for _, ref in self._pending_images]
+        self.messages.append({"role": "user", "content": parts})
+        self._pending_images = []
+
+    def _wire(self) -> list[dict[str, Any]]:
+        """The history as sent: image references become ``image_url`` parts with PNG data URLs."""
+        wired: list[dict[str, Any]] = []
+        for message in self.messages:
+            content = message.get("content")
+            if isinstance(content, list) and any(is_image_ref(p) for p in content):
+                parts = [
+                    {"type": "image_url", "image_url": {"url": image_data_url(self.transcript.load_image(p["sha256"]))}}
+                    if is_image_ref(p) else p
+                    for p in content
+                ]  # fmt: skip
+                message = {**message, "content": parts}
+            wired.append(message)
+        return wired
+
+    def _journal_content(self, result: Any) -> str | list[dict[str, Any]]:
+        """A handler's result as journalled: text (fitted to the limit) or parts with image references."""
+        if isinstance(result, str):
+            return self._fit(result)
+        if not isinstance(result, (list, tuple)) or not all(
+            isinstance(p, (TextPart, ImagePart)) for p in result
+        ):
+            raise ToolError(
+                f"a tool returned {type(result).__name__}; a tool returns a string or a list of TextPart and ImagePart"
+            )
+        parts: list[dict[str, Any]] = []
+        for part in result:
+            if isinstance(part, TextPart):
+                parts.append({"type": "text", "text": self._fit(part.text)})
+            else:
+                parts.append(image_ref(self.transcript.store_image(part.png)))
+        return parts
+
+    async def _execute(self, call: dict[str, Any]) -> tuple[str | list[dict[str, Any]], bool]:
         name = call["name"]
         tool = self.tools.get(name)
         if tool is None:
@@ -305,7 +424,7 @@ class AgentLoop:
                 True,
             )
         try:
-            result = await tool.handler(arguments)
+            return self._journal_content(await tool.handler(arguments)), False
         except ToolError as exc:
             return f"error: {exc}", True
         except Exception as exc:  # a bug in a tool must not end a 12-hour run
@@ -314,7 +433,6 @@ class AgentLoop:
                 f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
                 True,
             )
-        return self._fit(result), False
 
     def _fit(self, text: str) -> str:
         limit = self.config.max_tool_result_chars
@@ -366,7 +484,10 @@ class AgentLoop:
 
     def estimate_tokens(self) -> int:
         chars = sum(len(json.dumps(m)) for m in self.messages) + len(json.dumps(self.schemas))
-        return int(chars / _CHARS_PER_TOKEN)
+        images = sum(
+            1 for m in self.messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_ref(p)
+        )  # fmt: skip
+        return int(chars / _CHARS_PER_TOKEN) + images * self.config.image_tokens
 
     def _manage_context(self) -> None:
         budget = self.config.trim_at * self.config.context_tokens
@@ -374,6 +495,19 @@ class AgentLoop:
             return
         recent_from = self._recent_start()
         changes: list[dict[str, Any]] = []
+        for index in range(2, recent_from):  # old images go first
+            content = self.messages[index].get("content")
+            if isinstance(content, list) and any(is_image_ref(p) for p in content):
+                dropped_images = [p["sha256"] for p in content if is_image_ref(p)]
+                kept = [
+                    {"type": "text", "text": f"[image {p['sha256'][:12]} dropped by context management]"}
+                    if is_image_ref(p) else p
+                    for p in content
+                ]  # fmt: skip
+                changes.append(
+                    {"op": "drop_images", "index": index, "content": kept, "images": dropped_images}
+                )
+                self.messages[index]["content"] = kept
         for index in range(2, recent_from):
             message = self.messages[index]
             content = message.get("content")
@@ -410,7 +544,7 @@ class AgentLoop:
 
     def _apply_trim(self, data: dict[str, Any]) -> None:
         for change in data["changes"]:
-            if change["op"] == "shorten" and change["index"] < len(self.messages):
+            if change["op"] in ("shorten", "drop_images") and change["index"] < len(self.messages):
                 self.messages[change["index"]]["content"] = change["content"]
             elif change["op"] == "drop":
                 del self.messages[2 : 2 + change["count"]]
@@ -431,5 +565,11 @@ class AgentLoop:
         return assistants[1]
 
 
-def _tool_message(call_id: str, content: str) -> dict[str, Any]:
+def _tool_message(call_id: str, content: str | list[dict[str, Any]]) -> dict[str, Any]:
+    """A tool result as the model sees it: text only (its images follow in a user message)."""
+    if isinstance(content, list):
+        content = "\n".join(
+            f"[image {p['sha256'][:12]}: attached in the next message]" if is_image_ref(p) else str(p.get("text", ""))
+            for p in content
+        )  # fmt: skip
     return {"role": "tool", "tool_call_id": call_id, "content": content}

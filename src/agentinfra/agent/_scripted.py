@@ -5,12 +5,15 @@ with the next `Reply` of the script, as JSON or, when the request says
 ``"stream": true``, as SSE chunks (reasoning, content and tool-call arguments
 split across deltas, usage last). ``GET /v1/models`` lists the known models.
 A request with an unknown model gets 404 and a wrong key 401, as a real server
-would. Every request body is kept in ``requests`` for assertions.
+would. Every request body is kept in ``requests`` for assertions. Every
+``image_url`` part must be a PNG data URL holding a valid PNG (else 400); the
+decoded images are kept in ``images``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import json
@@ -19,6 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentinfra.agent._content import check_png
+from agentinfra.errors import ToolError
 
 __all__ = ["Reply", "ScriptedModelServer"]
 
@@ -55,6 +61,7 @@ class ScriptedModelServer:
         self.models = list(models)
         self.api_key = api_key
         self.requests: list[dict[str, Any]] = []
+        self.images: list[bytes] = []
         self._port = port
         self._ids = itertools.count(1)
         self._loop = asyncio.new_event_loop()
@@ -166,6 +173,9 @@ class ScriptedModelServer:
             return await _send_json(writer, 404, _error(f"no route {method} {path}", "not_found"))
         body = json.loads(raw)
         self.requests.append(body)
+        problem = self._check_images(body)
+        if problem is not None:
+            return await _send_json(writer, 400, _error(problem, "invalid_image"))
         if body.get("model") not in self.models:
             return await _send_json(
                 writer,
@@ -203,6 +213,25 @@ class ScriptedModelServer:
             "usage": {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
                       "total_tokens": reply.prompt_tokens + reply.completion_tokens},
         })  # fmt: skip
+        return None
+
+    def _check_images(self, body: dict[str, Any]) -> str | None:
+        """Every ``image_url`` part must be a PNG data URL holding a valid PNG; None when all are."""
+        for message in body.get("messages", []):
+            content = message.get("content") if isinstance(message, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict) or part.get("type") != "image_url":
+                    continue
+                url = str((part.get("image_url") or {}).get("url", ""))
+                prefix = "data:image/png;base64,"
+                if not url.startswith(prefix):
+                    return f"image_url must be a PNG data URL, got {url[:40]!r}"
+                try:
+                    data = base64.b64decode(url[len(prefix) :], validate=True)
+                    check_png(data)
+                except (ValueError, ToolError) as exc:
+                    return f"image_url does not hold a valid PNG: {exc}"
+                self.images.append(data)
         return None
 
     async def _stream(

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentinfra.agent._content import ToolResult
 from agentinfra.errors import ToolError
 
 __all__ = ["Tool", "ToolError", "tool_schemas", "workspace_tools"]
 
-Handler = Callable[[dict[str, Any]], Awaitable[str]]
+Handler = Callable[[dict[str, Any]], Awaitable[ToolResult]]
+"""Returns text, or content parts (`TextPart`, `ImagePart`) for a result with images."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,18 @@ def _reward(outcome: str | None, score: float | None) -> float:
     return 0.0
 
 
+def _content(content: Any) -> Any:
+    """A tool result as exported: text, or parts whose images name their file under the run."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {**part, "path": f"agent/images/{part['sha256']}.png"}
+        if part.get("type") == "image"
+        else part
+        for part in content
+    ]
+
+
 def export_record(run_path: Path) -> dict[str, Any]:
     """The training record of one run.
 
@@ -61,7 +73,11 @@ def export_record(run_path: Path) -> dict[str, Any]:
             completion += data["usage"].get("completion_tokens", 0)
         elif event.type == "tool_result":
             messages.append(
-                {"role": "tool", "tool_call_id": data["call_id"], "content": data["content"]}
+                {
+                    "role": "tool",
+                    "tool_call_id": data["call_id"],
+                    "content": _content(data["content"]),
+                }
             )
         elif event.type == "stopped":
             stop = data
