@@ -71,7 +71,7 @@ def _root(
     ] = None,
 ) -> None:
     """Infrastructure for running AI agents at scale."""
-    level = (log_level or os.environ.get("AGENTINFRA_LOG_LEVEL") or "WARNING").upper()
+    level = (log_level or load_settings().log_level).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(
             f"{level!r} is not one of DEBUG, INFO, WARNING, ERROR", param_hint="--log-level"

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentinfra._settings import parse_size
+from agentinfra._settings import KVCacheConfig, load_settings, parse_size
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache import (
     CacheClient,
@@ -48,16 +48,45 @@ def _read_token(token_file: Path | None) -> str:
     return fields[-1]
 
 
+def build_store(
+    settings: KVCacheConfig, *, memory: str | None = None, disk_dir: Path | None = None,
+    disk: str | None = None, disk_admission: str = "write-through", redis: str | None = None,
+    redis_cluster: bool = False,
+) -> TieredStore:  # fmt: skip
+    """The store `kv serve` serves: each option, else its ``AGENTINFRA_KV_*`` setting."""
+    if disk_admission not in ("all", "second-access", "write-through"):
+        raise ConfigError(
+            f"--disk-admission {disk_admission!r} must be second-access, all or write-through"
+        )
+    memory_bytes = (
+        settings.memory_capacity_bytes if memory is None else parse_size(memory, knob="--memory")
+    )
+    disk_bytes = settings.disk_capacity_bytes if disk is None else parse_size(disk, knob="--disk")
+    folder = disk_dir or settings.disk_dir
+    disk_tier = DiskTier(folder, disk_bytes) if folder else None
+    remote = RedisTier(redis, cluster=redis_cluster) if redis else None
+    return TieredStore(MemoryTier(memory_bytes), disk_tier, remote=remote,
+                       disk_admission=disk_admission)  # type: ignore[arg-type]  # fmt: skip
+
+
 def serve_command(
     host: Annotated[
         str, typer.Option(help="Address to bind; loopback unless told otherwise.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the cache protocol.")] = 7480,
-    memory: Annotated[str, typer.Option(help="Memory tier capacity, e.g. 4GiB.")] = "4GiB",
-    disk_dir: Annotated[
-        Path | None, typer.Option("--disk-dir", help="Directory of the disk tier.")
+    memory: Annotated[
+        str | None,
+        typer.Option(help="Memory tier capacity, e.g. 4GiB (default: AGENTINFRA_KV_MEMORY)."),
     ] = None,
-    disk: Annotated[str, typer.Option(help="Disk tier capacity.")] = "64GiB",
+    disk_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--disk-dir", help="Directory of the disk tier (default: AGENTINFRA_KV_DISK_DIR)."
+        ),
+    ] = None,
+    disk: Annotated[
+        str | None, typer.Option(help="Disk tier capacity (default: AGENTINFRA_KV_DISK).")
+    ] = None,
     disk_admission: Annotated[
         str,
         typer.Option(
@@ -92,18 +121,11 @@ def serve_command(
         tokens=load_token_file(token_file) if token_file else None,
         metrics_port=metrics_port,
     )
-    disk_tier = DiskTier(disk_dir, parse_size(disk, knob="--disk")) if disk_dir else None
-    remote = RedisTier(redis, cluster=redis_cluster) if redis else None
-    if disk_admission not in ("all", "second-access", "write-through"):
-        raise ConfigError(
-            f"--disk-admission {disk_admission!r} must be second-access, all or write-through"
-        )
-    store = TieredStore(
-        MemoryTier(parse_size(memory, knob="--memory")),
-        disk_tier,
-        remote=remote,
-        disk_admission=disk_admission,  # type: ignore[arg-type]
-    )
+    store = build_store(
+        load_settings().kvcache, memory=memory, disk_dir=disk_dir, disk=disk,
+        disk_admission=disk_admission, redis=redis, redis_cluster=redis_cluster,
+    )  # fmt: skip
+    remote = store.remote
 
     async def run() -> None:
         server = CacheServer(store, config)
@@ -126,7 +148,7 @@ def serve_command(
         asyncio.run(run())
     finally:
         store.close()
-        if remote is not None:
+        if isinstance(remote, RedisTier):
             remote.close()
 
 
@@ -179,8 +201,12 @@ def explain_command(
         str, typer.Option("--kv-dtype", help="Namespace: the KV dtype.")
     ] = "bfloat16",
     block_size: Annotated[
-        int, typer.Option("--block-size", help="Namespace: tokens per block.")
-    ] = 256,
+        int | None,
+        typer.Option(
+            "--block-size",
+            help="Namespace: tokens per block (default: AGENTINFRA_KV_BLOCK_SIZE_TOKENS).",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Server address.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Server port.")] = 7480,
     token_file: Annotated[
@@ -193,7 +219,8 @@ def explain_command(
         ids = json.loads(text) if text.lstrip().startswith("[") else [int(t) for t in text.split()]
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read token ids from {tokens}: {exc}") from None
-    namespace = Namespace(model_id=model_id, kv_dtype=kv_dtype, block_size_tokens=block_size)
+    size = block_size if block_size is not None else load_settings().kvcache.block_size_tokens
+    namespace = Namespace(model_id=model_id, kv_dtype=kv_dtype, block_size_tokens=size)
     keys = block_keys(namespace, ids)
     with CacheClient(host, port, token=_read_token(token_file)) as client:
         result = client.explain_keys(keys)

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agentinfra._settings import load_settings
+from agentinfra._settings import GraderConfig, load_settings
 from agentinfra.cli._progress import progress_view
 from agentinfra.environments import GraderSettings, environment_definition
 from agentinfra.errors import ConfigError
@@ -81,6 +81,12 @@ def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: st
     )
 
 
+def start_spec(run_id: str, env: str, task: Path, hours: float, grader: GraderConfig) -> RunSpec:
+    """The spec `start` creates: grading settings from ``AGENTINFRA_GRADER_*``."""
+    return RunSpec(run_id=run_id, environment=env, task=str(task.resolve()), budget=Budget(wall_hours=hours),
+                   grader=GraderSettings.from_config(grader))  # fmt: skip
+
+
 def start(
     run_dir: Annotated[Path, typer.Argument(help="New run directory.")],
     task: Annotated[Path, typer.Option("--task", help="Task file (a problem file for kernels).")],
@@ -99,8 +105,7 @@ def start(
     definition = environment_definition(env)
     definition.load_task(task)  # a bad task fails here, before a run directory exists
     settings = load_settings()
-    spec = RunSpec(run_id=run_id or run_dir.name, environment=env, task=str(task.resolve()), budget=Budget(wall_hours=hours),
-                   grader=GraderSettings.from_config(settings.grader))  # fmt: skip
+    spec = start_spec(run_id or run_dir.name, env, task, hours, settings.grader)
     run = RunDirectory.create(run_dir, spec, grader_version=definition.grader_version)
     try:
         _serve(run, eval_workers or settings.harness.eval_workers, watch, cluster)
@@ -155,7 +160,10 @@ def regrade_command(
     strict: Annotated[
         bool, typer.Option("--strict", help="More seeds and timing pairs than the run used.")
     ] = False,
-    eval_workers: Annotated[int, typer.Option("--eval-workers")] = 2,
+    eval_workers: Annotated[
+        int | None,
+        typer.Option("--eval-workers", help="Gradings at once (AGENTINFRA_EVAL_WORKERS)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Grade every submission again under the current (or a stricter) grader; report what changed."""
@@ -173,7 +181,12 @@ def regrade_command(
         environment = open_environment(spec)
         with progress_view(err) as on_progress:
             changes = asyncio.run(
-                regrade(run, environment, workers=eval_workers, on_progress=on_progress)
+                regrade(
+                    run,
+                    environment,
+                    workers=eval_workers or load_settings().harness.eval_workers,
+                    on_progress=on_progress,
+                )
             )
     finally:
         run.close()
@@ -229,7 +242,10 @@ def replay_run(
         Path, typer.Argument(help="A recorded run (directory with recording.json).")
     ],
     out: Annotated[Path, typer.Option("--out", help="New run directory.")],
-    eval_workers: Annotated[int, typer.Option("--eval-workers")] = 2,
+    eval_workers: Annotated[
+        int | None,
+        typer.Option("--eval-workers", help="Gradings at once (AGENTINFRA_EVAL_WORKERS)."),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Fewer timing pairs (faster, noisier).")
     ] = False,
@@ -237,6 +253,7 @@ def replay_run(
     """Replay a recorded long-horizon run through the real harness and grader, then report."""
     settings = load_settings()
     grader = GraderSettings.from_config(settings.grader, timing_pairs=8 if quick else None)
+    eval_workers = eval_workers or settings.harness.eval_workers
     with progress_view(err) as on_progress:
         run = asyncio.run(
             replay_recording(

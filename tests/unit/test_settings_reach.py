@@ -1,0 +1,157 @@
+"""Every ``AGENTINFRA_*`` variable in the README's table reaches the code it names.
+
+One case per variable: the variable is set, the command or function that the
+README says it configures runs, and the effect is checked where it lands.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from agentinfra._settings import _KNOWN, load_settings
+from agentinfra.agent import Reply, ScriptedModelServer
+from agentinfra.cli import app
+from agentinfra.cli._kv_server import build_store
+from agentinfra.cli._runs import start_spec
+from agentinfra.environments import GraderSettings
+from agentinfra.environments.kernels import GradeOptions
+from agentinfra.kvcache import MemoryTier, ServerConfig, ServerThread, TieredStore
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = ROOT / "examples" / "kernels" / "problems" / "11_slow_cumsum.py"
+MODEL = "scripted-model"
+CHECKED: set[str] = set()
+
+
+def readme_variables() -> set[str]:
+    table = ROOT.joinpath("README.md").read_text().split("| variable |", 1)[1].split("\n\n", 1)[0]
+    return {
+        m
+        for row in table.splitlines()[2:]
+        for m in re.findall(r"^\| `(AGENTINFRA_[A-Z_]+)` \|", row)
+    }
+
+
+def checks(*names: str) -> None:
+    CHECKED.update(names)
+
+
+def test_readme_table_lists_exactly_the_known_variables() -> None:
+    assert readme_variables() == set(_KNOWN)
+
+
+def test_log_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks("AGENTINFRA_LOG_LEVEL")
+    result = CliRunner().invoke(app, ["info", "--json"], env={"AGENTINFRA_LOG_LEVEL": "DEBUG"})
+    assert result.exit_code == 0, result.output
+    assert logging.getLogger().level == logging.DEBUG
+    logging.getLogger().setLevel(logging.WARNING)
+
+
+def test_kv_memory_disk_dir_and_disk(tmp_path: Path) -> None:
+    checks("AGENTINFRA_KV_MEMORY", "AGENTINFRA_KV_DISK_DIR", "AGENTINFRA_KV_DISK")
+    env = {
+        "AGENTINFRA_KV_MEMORY": "3MiB",
+        "AGENTINFRA_KV_DISK_DIR": str(tmp_path / "d"),
+        "AGENTINFRA_KV_DISK": "5MiB",
+    }
+    store = build_store(
+        load_settings(env).kvcache
+    )  # what `kv serve` builds without --memory/--disk
+    try:
+        stats = {tier.name: tier.capacity_bytes for tier in store.stats().tiers}
+        assert stats["memory"] == 3 << 20
+        assert stats["disk"] == 5 << 20
+        assert (tmp_path / "d").is_dir()
+    finally:
+        store.close()
+    override = build_store(load_settings(env).kvcache, memory="1MiB", disk_dir=tmp_path / "e")
+    try:
+        stats = {tier.name: tier.capacity_bytes for tier in override.stats().tiers}
+        assert stats["memory"] == 1 << 20  # the option wins over the variable
+        assert (tmp_path / "e").is_dir()
+    finally:
+        override.close()
+
+
+def test_kv_block_size_reaches_explain(tmp_path: Path) -> None:
+    checks("AGENTINFRA_KV_BLOCK_SIZE_TOKENS")
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(" ".join(str(i) for i in range(64)))
+    server = ServerThread(TieredStore(MemoryTier(1 << 20)), ServerConfig(port=0))
+    try:
+        args = ["kv", "explain", str(tokens), "--model-id", "m", "--port", str(server.port)]
+        result = CliRunner().invoke(app, args, env={"AGENTINFRA_KV_BLOCK_SIZE_TOKENS": "16"})
+    finally:
+        server.close()
+    assert result.exit_code == 0, result.output
+    assert "0/4 blocks hit" in result.output  # 64 tokens in blocks of 16
+
+
+def test_grader_variables_reach_grading_options(tmp_path: Path) -> None:
+    checks("AGENTINFRA_GRADER_TIMEOUT_S", "AGENTINFRA_GRADER_MEMORY", "AGENTINFRA_GRADER_MAX_PROCESSES",
+           "AGENTINFRA_GRADER_THREADS")  # fmt: skip
+    env = {"AGENTINFRA_GRADER_TIMEOUT_S": "33", "AGENTINFRA_GRADER_MEMORY": "1GiB",
+           "AGENTINFRA_GRADER_MAX_PROCESSES": "17", "AGENTINFRA_GRADER_THREADS": "2"}  # fmt: skip
+    spec = start_spec(
+        "r", "kernels", PROBLEM, 1.0, load_settings(env).grader
+    )  # what `start` stores
+    stored = GraderSettings.model_validate(json.loads(spec.model_dump_json())["grader"])
+    options = GradeOptions.from_settings(stored, seed=None)  # what each of the run's gradings uses
+    assert (options.timeout_s, options.memory_limit_bytes, options.max_processes, options.threads) == (
+        33.0, 1 << 30, 17, 2,
+    )  # fmt: skip
+
+
+def test_runs_dir_and_agent_settings_reach_run(tmp_path: Path) -> None:
+    checks(
+        "AGENTINFRA_RUNS_DIR", "AGENTINFRA_AGENT_CONCURRENCY", "AGENTINFRA_AGENT_REQUEST_TIMEOUT_S"
+    )
+    env = {"AGENTINFRA_RUNS_DIR": str(tmp_path / "runs"), "AGENTINFRA_AGENT_CONCURRENCY": "3",
+           "AGENTINFRA_AGENT_REQUEST_TIMEOUT_S": "7", "TEST_KEY": "test-key"}  # fmt: skip
+    with ScriptedModelServer(lambda body: Reply(content="nothing to do"), models=[MODEL]) as server:
+        args = ["run", "--tasks", str(PROBLEM), "--model", MODEL, "--base-url", server.base_url,
+                "--api-key-env", "TEST_KEY", "--max-turns", "1", "--no-stream"]  # fmt: skip
+        result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert "concurrency 3" in " ".join(result.output.split())
+    (run,) = (tmp_path / "runs").iterdir()
+    loop = json.loads((run / "run.json").read_text())["spec"]["agent"]["loop"]
+    assert loop["request_timeout_s"] == 7.0
+
+
+def test_eval_workers_reach_the_live_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checks("AGENTINFRA_EVAL_WORKERS")
+    import agentinfra.cli._runs as runs
+
+    seen: list[Any] = []
+    original = runs.RunHarness
+
+    def capture(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("eval_workers"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "RunHarness", capture)
+    run = tmp_path / "run"
+    created = CliRunner().invoke(app, ["submit", str(run), str(PROBLEM)])
+    assert created.exit_code != 0  # not a run yet: nothing created
+    from agentinfra.harness import RunDirectory, RunLayout
+
+    RunDirectory.create(run, start_spec("r", "kernels", PROBLEM, 1.0, load_settings({}).grader),
+                        grader_version="x").close()  # fmt: skip
+    RunLayout(run).request_finish()
+    result = CliRunner().invoke(app, ["resume", str(run)], env={"AGENTINFRA_EVAL_WORKERS": "5"})
+    assert result.exit_code == 0, result.output
+    assert seen == [5]
+
+
+def test_every_variable_has_a_case() -> None:
+    """Runs last in this file (pytest keeps file order): every known variable was exercised above."""
+    assert set(_KNOWN) <= CHECKED, f"no test for {sorted(set(_KNOWN) - CHECKED)}"
