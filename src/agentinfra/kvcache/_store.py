@@ -19,8 +19,15 @@
   never stored, evicted (when, from which tier, by which policy), failed its
   checksum, or lives under another namespace.
 
-The store owns its tiers; one re-entrant lock serialises public calls, so many
-threads may share one store. Other processes share blocks through a read-only
+The store owns its tiers, an ordered list (``tiers``: memory first, then disk,
+then remote); ``memory``, ``disk`` and ``remote`` name them by role. One
+re-entrant lock serialises the store's bookkeeping and the memory tier, so many
+threads may share one store; it is never held while blocks are *written* to disk
+or to the remote tier: demotions and write-through copies are written after the
+lock is released (under a separate I/O lock), and a `put` returns only after its
+own write-through copies are on disk. `try_get_resident` and
+`try_leading_hits_resident` never wait for the lock and never touch disk, for
+callers on an event loop. Other processes share blocks through a read-only
 `DiskTier` on the same directory or through the cache server.
 """
 
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -55,6 +63,7 @@ __all__ = [
     "TieredStore",
 ]
 
+logger = logging.getLogger(__name__)
 MissReason = Literal["never_stored", "evicted", "checksum", "namespace", "format"]
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
 
@@ -152,12 +161,20 @@ class TieredStore:
             raise ConfigError(
                 f"disk_admission={disk_admission!r} must be 'all', 'second-access' or 'write-through'"
             )
-        self.memory = memory
-        self.disk = disk
-        self.remote = remote
+        self.tiers: tuple[Tier, ...] = tuple(t for t in (memory, disk, remote) if t is not None)
+        """Fastest first: memory, then disk (when configured), then remote (when configured)."""
+        self._memory = memory
+        self._disk = disk
+        self._remote = remote
         self._disk_admission = disk_admission
         self._clock = clock
         self._lock = threading.RLock()
+        self._io_lock = threading.RLock()
+        """Serialises disk-tier calls; taken after ``_lock`` or alone, never the other way round."""
+        self._depth = 0
+        self._deferred: list[
+            tuple[Tier, list[tuple[BlockKey, bytes]], list[BlockKey | None] | None]
+        ] = []
         self._uses: dict[BlockKey, int] = {}
         self._history: OrderedDict[BlockKey, EvictionRecord] = OrderedDict()
         self._history_limit = history_limit
@@ -172,6 +189,73 @@ class TieredStore:
             ("never_stored", "evicted", "checksum", "namespace", "format"), 0
         )
 
+    # -- tiers and locking -----------------------------------------------------
+
+    @property
+    def memory(self) -> MemoryTier:
+        return self._memory
+
+    @property
+    def disk(self) -> DiskTier | None:
+        return self._disk
+
+    @property
+    def remote(self) -> Tier | None:
+        return self._remote
+
+    @property
+    def _lower(self) -> tuple[Tier, ...]:
+        """The tiers after memory, in lookup order."""
+        return self.tiers[1:]
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The store lock; the outermost holder writes the deferred blocks after releasing it."""
+        with self._lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                outermost = self._depth == 0
+        if outermost:
+            self.flush_deferred()
+
+    def _defer(self, tier: Tier, items: list[tuple[BlockKey, bytes]],
+               parents: list[BlockKey | None] | None = None) -> None:  # fmt: skip
+        self._deferred.append((tier, items, parents))
+
+    @property
+    def has_deferred_writes(self) -> bool:
+        return bool(self._deferred)
+
+    def flush_deferred(self) -> None:
+        """Writes demoted blocks to their tier, outside the store lock (evictions recorded after)."""
+        with self._lock:
+            work, self._deferred = self._deferred, []
+        if work:
+            self._write_out(work)
+
+    def _write_out(
+        self,
+        work: Sequence[tuple[Tier, list[tuple[BlockKey, bytes]], list[BlockKey | None] | None]],
+    ) -> None:
+        evicted: list[tuple[BlockKey, str, str]] = []
+        for tier, items, parents in work:
+            if tier is self._remote:
+                tier.put(items, parents)  # the remote tier is thread-safe and keeps its own policy
+                continue
+            with self._io_lock:
+                result = tier.put(items, parents)
+            evicted += [
+                (key, tier.name, getattr(tier, "policy_name", "")) for key, _ in result.evicted
+            ]
+        if evicted:
+            now = self._clock()
+            with self._lock:
+                for key, tier_name, policy in evicted:
+                    self._record(key, now, tier_name, policy, None)
+
     # -- keys ------------------------------------------------------------------
 
     def keys_for(self, namespace: Namespace, token_ids: TokenIds) -> list[BlockKey]:
@@ -184,23 +268,52 @@ class TieredStore:
 
     def leading_hits(self, keys: Sequence[BlockKey]) -> int:
         """Leading run of ``keys`` held in any tier (unverified; `get` verifies)."""
-        with self._lock:
+        with self._locked():
+            local = [t for t in self.tiers if t is not self._remote]
             count = 0
             for key in keys:
-                if key not in self.memory and (self.disk is None or key not in self.disk):
+                if not any(key in tier for tier in local):
                     break
                 count += 1
-            if self.remote is not None and count < len(keys):
-                count += self.remote.leading_hits(keys[count:])
+            if self._remote is not None and count < len(keys):
+                count += self._remote.leading_hits(keys[count:])
             return count
 
     def get(self, keys: Sequence[BlockKey]) -> list[Block]:
         """The verified leading run of ``keys``; disk hits are promoted into memory."""
-        with self._lock:
+        with self._locked():
             blocks, reason = self._get(keys)
             if reason is not None:
                 self._misses[reason] += 1
             return blocks
+
+    def try_get_resident(self, keys: Sequence[BlockKey]) -> list[Block] | None:
+        """`get` when the store lock is free and every key is in memory; else None at once.
+
+        Never waits for the lock and never touches disk or the network: for callers
+        on an event loop. Writes it defers (demotions) wait for `flush_deferred`.
+        """
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if not all(key in self._memory for key in keys):
+                return None
+            blocks, reason = self._get(keys)
+            if reason is not None:
+                self._misses[reason] += 1
+            return blocks
+        finally:
+            self._lock.release()
+
+    def try_leading_hits_resident(self, keys: Sequence[BlockKey]) -> int | None:
+        """`leading_hits` when the lock is free and memory alone answers it; else None at once."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            count = self._memory.leading_hits(keys)
+            return count if count == len(keys) or len(self.tiers) == 1 else None
+        finally:
+            self._lock.release()
 
     def _get(self, keys: Sequence[BlockKey]) -> tuple[list[Block], MissReason | None]:
         self._expire()
@@ -219,7 +332,7 @@ class TieredStore:
     def lookup(self, namespace: Namespace, token_ids: TokenIds) -> list[Block]:
         """`get` by tokens; a miss whose block exists under another namespace counts as ``namespace``."""
         keys = self.keys_for(namespace, token_ids)
-        with self._lock:
+        with self._locked():
             blocks, reason = self._get(keys)
             if reason == "never_stored" and self._other_namespace(
                 namespace, token_ids, len(blocks)
@@ -232,12 +345,16 @@ class TieredStore:
     def _read_verified(
         self, key: BlockKey, parent: BlockKey | None
     ) -> tuple[Block | None, MissReason]:
-        data = self.memory.get([key])[0]
+        data = self._memory.get([key])[0]
         from_disk = data is None
-        if data is None and self.disk is not None and key in self.disk:
-            data = self.disk.get([key])[0]
-        if data is None and self.remote is not None:
-            data = self.remote.get([key])[0]
+        for tier in self._lower:
+            if data is not None:
+                break
+            if tier is self._remote:
+                data = tier.get([key])[0]
+            elif key in tier:
+                with self._io_lock:
+                    data = tier.get([key])[0]
         if data is None:
             return None, "evicted" if key in self._history else "never_stored"
         try:
@@ -256,20 +373,21 @@ class TieredStore:
 
     def _quarantine(self, key: BlockKey) -> None:
         self._quarantined.add(key)
-        self.memory.remove([key])
-        if self.disk is not None:
-            self.disk.quarantine(key)
+        self._memory.remove([key])
+        if self._disk is not None:
+            with self._io_lock:
+                self._disk.quarantine(key)
 
     @contextlib.contextmanager
     def lease(self, keys: Sequence[BlockKey]) -> Iterator[list[Block]]:
         """Like `get`, and the returned blocks stay resident until the block exits."""
-        with self._lock:
+        with self._locked():
             blocks = self.get(keys)
             held = [b.header.key for b in blocks if self.memory.pin(b.header.key)]
         try:
             yield blocks
         finally:
-            with self._lock:
+            with self._locked():
                 for key in held:
                     self.memory.unpin(key)
 
@@ -295,39 +413,37 @@ class TieredStore:
                     f"block for key {key.hex()[:16]} carries another key in its header"
                 )
         parents: list[BlockKey | None] = [None, *(key for key, _ in items[:-1])]
-        with self._lock:
+        with self._locked():
             self._expire()
             for key, _ in items:
                 self._uses[key] = self._uses.get(key, 0) + 1
                 self._quarantined.discard(key)
             stored = len(self._put_memory(list(items), parents))
-            if self._disk_admission == "write-through" and self.disk is not None:
-                for dropped, _ in self.disk.put(list(items), parents).evicted:
-                    self._record(
-                        dropped, self._clock(), self.disk.name, self.disk.policy_name, None
-                    )
-            if self.remote is not None:
-                self.remote.put(list(items), parents)
-            return stored
+        # Written by this caller after the lock is released, and before it returns: an
+        # acknowledged write-through block is on disk, and no reader waited for the write.
+        through = [
+            t for t in self._lower if t is self._remote or self._disk_admission == "write-through"
+        ]
+        self._write_out([(tier, list(items), parents) for tier in through])
+        return stored
 
     def _put_memory(
         self, items: list[tuple[BlockKey, bytes]], parents: Sequence[BlockKey | None]
     ) -> tuple[BlockKey, ...]:
-        result = self.memory.put(items, parents)
+        result = self._memory.put(items, parents)
         now = self._clock()
         for victim, data in result.evicted:
             self._demote_or_drop(victim, data, now)
         for key, data in items:
-            if key in result.rejected and self.disk is not None:
-                self.disk.put([(key, data)])
+            if key in result.rejected and self._disk is not None:
+                self._defer(self._disk, [(key, data)])
         return result.stored
 
     def _demote_or_drop(self, key: BlockKey, data: bytes | None, now: float) -> None:
         reused = self._uses.pop(key, 0) >= 2 or self._disk_admission != "second-access"
         demote = self.disk is not None and data is not None and (reused or key in self._protected)
-        if demote and self.disk is not None and data is not None:
-            for dropped, _ in self.disk.put([(key, data)]).evicted:
-                self._record(dropped, now, self.disk.name, self.disk.policy_name, None)
+        if demote and self._disk is not None and data is not None:
+            self._defer(self._disk, [(key, data)])
             self._counts["demotions"] += 1
             self._record(key, now, "memory", self.memory.policy_name, "disk")
         else:
@@ -344,12 +460,12 @@ class TieredStore:
 
     def remove(self, keys: Sequence[BlockKey]) -> int:
         """Removes ``keys`` from every tier; returns how many tier copies were removed."""
-        with self._lock:
-            removed = self.memory.remove(keys)
-            if self.disk is not None:
-                removed += self.disk.remove(keys)
-            if self.remote is not None:
-                removed += self.remote.remove(keys)
+        self.flush_deferred()  # a block on its way to disk is removed there too
+        with self._locked():
+            removed = 0
+            for tier in self.tiers:
+                with self._io_lock:
+                    removed += tier.remove(keys)
             for key in keys:
                 self._uses.pop(key, None)
             return removed
@@ -358,7 +474,7 @@ class TieredStore:
 
     def open_session(self, session_id: str, *, parent: Session | None = None) -> Session:
         """A new agent session; ``parent`` makes it a sub-agent closed with its parent."""
-        with self._lock:
+        with self._locked():
             if session_id in self._sessions:
                 raise ConfigError(f"session {session_id!r} is already open")
             session = Session(self, session_id, parent)
@@ -366,7 +482,7 @@ class TieredStore:
             return session
 
     def _begin_turn(self, session: Session, keys: Sequence[BlockKey]) -> int:
-        with self._lock:
+        with self._locked():
             if session.state is SessionState.CLOSED:
                 raise ConfigError(f"session {session.session_id!r} is closed")
             self._release(session)
@@ -385,7 +501,7 @@ class TieredStore:
                 session._pinned.append(key)
 
     def _add_to_session(self, session: Session, keys: Sequence[BlockKey]) -> None:
-        with self._lock:
+        with self._locked():
             self._track(session, keys)
 
     def _release(self, session: Session) -> None:
@@ -396,7 +512,7 @@ class TieredStore:
     def _end_turn(self, session: Session, ttl_s: float) -> None:
         if ttl_s < 0:
             raise ConfigError(f"ttl_s={ttl_s} must be >= 0")
-        with self._lock:
+        with self._locked():
             self._release(session)
             session.state = SessionState.WAITING
             session.deadline_s = self._clock() + ttl_s
@@ -406,7 +522,7 @@ class TieredStore:
             self._expire()
 
     def _close_session(self, session: Session) -> None:
-        with self._lock:
+        with self._locked():
             for child in [s for s in self._sessions.values() if s.parent is session]:
                 self._close_session(child)
             self._release(session)
@@ -433,8 +549,8 @@ class TieredStore:
                     data = self.memory.peek(key)
                     if data is None or self.memory.is_pinned(key):
                         continue
-                    if self.disk is not None and self.memory.remove([key]):
-                        self.disk.put([(key, data)])
+                    if self._disk is not None and self._memory.remove([key]):
+                        self._defer(self._disk, [(key, data)])
                         self._counts["demotions"] += 1
                         self._record(key, now, "memory", "session-ttl", "disk")
 
@@ -479,7 +595,7 @@ class TieredStore:
 
     def explain_keys(self, keys: Sequence[BlockKey]) -> Explanation:
         """Why the chain ``keys`` does not fully hit: never stored, evicted or failed its checksum."""
-        with self._lock:
+        with self._locked():
             hits = self.leading_hits(keys)
             if hits == len(keys):
                 return Explanation(
@@ -508,10 +624,8 @@ class TieredStore:
 
     def stats(self) -> StoreStats:
         """A snapshot of every counter."""
-        with self._lock:
-            tiers = tuple(
-                tier.stats() for tier in (self.memory, self.disk, self.remote) if tier is not None
-            )
+        with self._locked(), self._io_lock:
+            tiers = tuple(tier.stats() for tier in self.tiers)
             return StoreStats(
                 misses_by_reason=dict(self._misses),
                 quarantined=len(self._quarantined),
@@ -523,7 +637,8 @@ class TieredStore:
             )
 
     def close(self) -> None:
-        """Releases the disk tier's lock."""
-        with self._lock:
-            if self.disk is not None:
-                self.disk.close()
+        """Writes what is deferred, then releases the disk tier's lock."""
+        self.flush_deferred()
+        with self._lock, self._io_lock:
+            if self._disk is not None:
+                self._disk.close()
