@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from agentinfra.environments import GraderSettings, Submission
 from agentinfra.environments.kernels import (
+    ENVIRONMENT,
     GradeOptions,
     Outcome,
     grade,
@@ -79,14 +81,20 @@ def test_honest_submissions_pass(submission: str, problem: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("cheat", sorted(CHEATS.glob("*.py")), ids=lambda p: p.stem)
 def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
+    """Through the environment seam, as the harness grades: the task and the cheat travel as bytes."""
     problem = re.search(r"# problem: (\S+)", cheat.read_text())
     assert problem is not None
-    verdict = grade(PROBLEMS / f"{problem.group(1)}.py", cheat, QUICK)
-    if verdict.outcome is Outcome.PASSED:
+    environment = ENVIRONMENT.create(
+        ENVIRONMENT.load_task(PROBLEMS / f"{problem.group(1)}.py"),
+        GraderSettings(timeout_s=QUICK.timeout_s, timing_pairs=QUICK.timing_pairs),
+    )
+    evaluation = asyncio.run(environment.evaluate(Submission(cheat.read_bytes(), name=cheat.name)))
+    if evaluation.outcome is Outcome.PASSED:
         # Only a hack that is harmless under fresh inputs may pass, and then without inflation.
-        assert verdict.speedup_ci is not None
-        assert verdict.speedup_ci[1] < 1.5, verdict.model_dump_json(indent=1)
-    assert verdict.outcome is not Outcome.GRADER_ERROR, verdict.error
+        assert evaluation.score_ci is not None
+        assert evaluation.score_ci[1] < 1.5, evaluation.model_dump_json(indent=1)
+    assert evaluation.outcome is not Outcome.GRADER_ERROR, evaluation.error
+    assert evaluation.score_unit == "speedup"
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
 
 
