@@ -158,10 +158,11 @@ def test_replay_report_regrade_and_the_chart_renders_in_chromium(tmp_path: Path)
     assert [c["new_outcome"] for c in changes] == ["passed", "hack_flagged", "invalid"]
     assert not any(c["changed"] for c in changes)
     assert len(list((run / "evaluations").glob("*/*@regrade-1.json"))) == 3
+    assert "regrade: 3/3 graded" in regraded.stderr
 
     browser = _chromium()
     if browser is None:
-        pytest.skip("Chromium is not installed (.ci/run installs it)")
+        pytest.skip("Chromium is not installed (make test installs it: scripts/system-deps.sh)")
     html = run / "report.html"
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip

@@ -57,3 +57,14 @@ def test_python_dash_m_and_bad_setting_exit_2() -> None:
     assert bad.returncode == 2
     assert "eval_workers=0" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_unknown_environment_lists_the_registered_ones(tmp_path: object) -> None:
+    task = __file__
+    for args in (["start", f"{tmp_path}/run", "--task", task, "--env", "nope"],
+                 ["run", "--env", "nope", "--tasks", task, "--model", "m", "--base-url", "http://127.0.0.1:9"]):  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "agentinfra", *args], capture_output=True, text=True
+        )
+        assert out.returncode == 2, out.stderr
+        assert "unknown environment 'nope'; available: kernels (--env)" in out.stderr
