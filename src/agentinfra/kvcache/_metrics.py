@@ -111,7 +111,9 @@ async def serve_metrics(metrics: ServerMetrics, host: str, port: int) -> asyncio
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             line = request.split(b"\r\n", 1)[0].split()
             if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
-                body, status, kind = metrics.render(), b"200 OK", CONTENT_TYPE.encode()
+                # off the loop: reading the store's counters waits for its lock
+                body = await asyncio.to_thread(metrics.render)
+                status, kind = b"200 OK", CONTENT_TYPE.encode()
             else:
                 body, status, kind = b"not found; try /metrics\n", b"404 Not Found", b"text/plain"
             writer.write(

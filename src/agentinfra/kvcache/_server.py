@@ -5,7 +5,8 @@
   network I/O and never waits for the store's lock: GET and LEADING_HITS of
   memory-resident blocks run inline only when the lock is free at that instant
   (`TieredStore.try_get_resident`; the checksums of those blocks are computed
-  inline, about 1 ms per MiB here); everything else runs in a bounded executor.
+  inline: xxh3, measured at 0.03-0.05 ms per MiB on the 2-core dev machine);
+  everything else runs in a bounded executor.
 - Loopback by default. With a token file every connection must say HELLO with a
   known token, and the token decides the tenant. Tenants are isolated by key
   derivation: the store only ever sees ``sha256("AIKT" | tenant | key)``, and the
