@@ -58,7 +58,9 @@ def blocks(model: str, count: int, block_bytes: int, seed: int) -> list[tuple[An
     namespace = Namespace(model_id=model, kv_dtype="uint8", block_size_tokens=16)
     tokens = np.random.default_rng(seed).integers(0, 50_000, size=count * 16)
     # [layers, 2, tokens, kv_heads, head_dim] of uint8: block_bytes in all
-    payload = np.random.default_rng(seed).integers(0, 255, size=(1, 2, 16, 1, block_bytes // 32), dtype=np.uint8)
+    payload = np.random.default_rng(seed).integers(
+        0, 255, size=(1, 2, 16, 1, block_bytes // 32), dtype=np.uint8
+    )
     return [(key, encode_block(key, payload)) for key in block_keys(namespace, tokens)]
 
 
@@ -85,7 +87,9 @@ def main() -> None:
     seconds = 3.0 if args.smoke else args.seconds
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-get-put-") as folder:
-        server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(Path(folder) / "disk")])
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(port), str(Path(folder) / "disk")]
+        )
         try:
             for _ in range(300):
                 try:
@@ -102,7 +106,9 @@ def main() -> None:
                 sent = multiprocessing.Value("q", 0)
                 stop_at = time.time() + seconds
                 procs = [
-                    multiprocessing.Process(target=putter, args=(port, i + 1, args.put_block_kib * KiB, stop_at, sent))
+                    multiprocessing.Process(
+                        target=putter, args=(port, i + 1, args.put_block_kib * KiB, stop_at, sent)
+                    )
                     for i in range(args.putters)
                 ]
                 for proc in procs:
