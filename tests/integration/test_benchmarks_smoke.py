@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["bench_lookup.py", "bench_replay.py", "bench_transfer.py"])
+@pytest.mark.parametrize(
+    "script", ["bench_lookup.py", "bench_replay.py", "bench_transfer.py", "bench_get_under_put.py"]
+)
 def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     args = [sys.executable, script, "--smoke"]
     if script == "bench_replay.py":
@@ -31,6 +33,10 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     assert all("git" in r and "python" in r for r in records)
     if script == "bench_lookup.py":
         assert records[0]["leading_hits_ms"] > 0
+    elif script == "bench_get_under_put.py":
+        assert records[0]["gets"] > 0
+        assert records[0]["get_p50_ms"] <= records[0]["get_p99_ms"] <= records[0]["get_max_ms"]
+        assert records[0]["put_mb_per_s"] > 0
     elif script == "bench_transfer.py":
         paths = {r["path"] for r in records}
         assert {"raw_socket", "server_get_into", "redis_tier_get", "disk_tier_get_into"} <= paths
