@@ -22,10 +22,26 @@ Covered:
   so call counting, replay, stale buffers and caller sniffing fail. The
   reference is timed in its own clean process with the same method, interleaved
   A B A B, and the speedup is a median with a bootstrap confidence interval.
-  Patching timers inside the candidate changes nothing. CPU time of the
-  candidate's whole process tree is read from /proc: using more cores than
-  allotted blocks. A time below the machine's measured peak FLOP/s and memory
-  bandwidth allow blocks.
+  Patching timers inside the candidate changes nothing.
+- Runtime checks that block on a measurement, and their margins:
+  - ``threads_processes``: the CPU time of the candidate's whole process tree,
+    read from /proc just around each timed batch (nanosecond ``schedstat`` per
+    thread; clock ticks from ``stat``, which keep exited threads and reaped
+    children, for a batch during which threads came or went), minus the CPU of
+    an empty batch measured the same way, over the batch's wall time minus the
+    empty batch's. Blocks only when the cores used over all timed batches
+    exceed ``threads * 1.5 + 0.25`` *and* at least half of the timed batches
+    (and at least 3) exceed it on their own. A warning when the excess does not
+    repeat; nothing is judged (a warning at most) when the timed work is under
+    0.1 s of wall time or tick resolution could explain the excess.
+  - ``threads_processes`` (idle): the candidate's CPU while the reference's
+    timed batches run and the candidate has no call, over their wall time.
+    Blocks above 0.25 cores plus the allotted threads beyond the first, when
+    measurable and repeated as above: an honest candidate waits on its pipe.
+  - ``plausibility``: a median time per call below half the physical floor
+    (the problem's FLOPs and bytes at the peak FLOP/s and memory bandwidth the
+    reference worker measured on this machine) blocks: a factor-2 margin.
+  - ``timing_disagreement`` (CUDA events against the host clock) only warns.
 - Nothing in the verdict comes from the candidate's stdout or its account of itself.
 
 Not covered:
@@ -58,6 +74,7 @@ import numpy as np
 from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import (
+    CpuSample,
     SandboxLimits,
     WorkerDiedError,
     WorkerProcess,
@@ -74,6 +91,9 @@ GRADER_VERSION = "1.0.0"
 _POOL_BYTES_LIMIT = 768 << 20
 _TARGET_BATCH_S = 0.05
 _MAX_FINDINGS_PER_CHECK = 3
+_MIN_CORE_WALL_S = 0.1
+"""Below this much timed candidate work the core count is not judged (a warning at most)."""
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
 
 
@@ -201,6 +221,9 @@ class _Grading:
         self.candidate: WorkerProcess | None = None
         self.deadline = 0.0
         self.timing: dict[str, Any] = {}
+        self._cpu_windows: list[tuple[float, float, bool]] = []
+        self._idle_windows: list[tuple[float, float, bool]] = []
+        """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
         self.threads = options.threads
         cpus = sorted(os.sched_getaffinity(0))
         self.cpus = tuple(cpus[: options.threads]) if len(cpus) >= options.threads else tuple(cpus)
@@ -468,22 +491,21 @@ class _Grading:
         overhead_ref = self._empty_overhead(reference=True)
         # The candidate controls how long its own empty batch takes: it may only lower
         # the overhead subtracted from its time, never raise it.
+        self._cpu_windows = []
         overhead_cand = min(self._empty_overhead(reference=False), overhead_ref)
-        cpu_before = self.candidate.cpu_seconds() if self.candidate else 0.0
-        cand_wall = 0.0
+        empty_windows, self._cpu_windows, self._idle_windows = self._cpu_windows, [], []
         ref_times: list[float] = []
         cand_times: list[float] = []
         for index in range(pairs + warmup):
             chunk = order[index * per_batch : (index + 1) * per_batch]
             ref_s = self._timed_batch_reference(chunk)
             cand_s, commits = self._timed_batch_candidate(chunk)
-            cand_wall += cand_s
             self._audit(chunk, commits, expected)
             if index >= warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
-        cpu_used = (self.candidate.cpu_seconds() if self.candidate else 0.0) - cpu_before
-        self._check_cores(cpu_used, cand_wall)
+        self._check_cores(empty_windows, self._cpu_windows[warmup:])
+        self._check_idle(self._idle_windows[warmup:])
         self._finish_timing(ref_times, cand_times, peaks)
 
     def _peaks(self) -> dict[str, float]:
@@ -549,14 +571,27 @@ class _Grading:
 
     def _timed_batch_reference(self, indices: list[int]) -> float:
         assert self.reference is not None
+        cpu_before = self._cpu()
         start = time.perf_counter()
         self._reference_call({"op": "batch", "indices": indices})
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        cpu_after = self._cpu()
+        if cpu_before is not None and cpu_after is not None:
+            # the candidate is waiting for its next call: what does it compute meanwhile?
+            self._idle_windows.append((elapsed, *cpu_after.since(cpu_before)))
+        return elapsed
+
+    def _cpu(self) -> CpuSample | None:
+        return self.candidate.cpu_sample() if self.candidate is not None else None
 
     def _timed_batch_candidate(self, indices: list[int]) -> tuple[float, list[str]]:
+        cpu_before = self._cpu()
         start = time.perf_counter()
         frame = self._candidate_call({"op": "batch", "indices": indices}, phase="timing")
         elapsed = time.perf_counter() - start
+        cpu_after = self._cpu()
+        if cpu_before is not None and cpu_after is not None:
+            self._cpu_windows.append((elapsed, *cpu_after.since(cpu_before)))
         commits = frame.header.get("commits")
         device_ms = frame.header.get("device_ms")
         if self.options.device == "cuda" and isinstance(device_ms, int | float) and indices:
@@ -610,20 +645,79 @@ class _Grading:
         self._add(Finding(check="audit", severity="block", message=message, evidence=evidence))
         self.correct = False
 
-    def _check_cores(self, cpu_s: float, wall_s: float) -> None:
-        if wall_s <= 0.05:
+    def _check_cores(
+        self, empty: list[tuple[float, float, bool]], timed: list[tuple[float, float, bool]]
+    ) -> None:
+        """Cores the candidate's computation used while timed, beyond the plumbing of a batch.
+
+        ``empty`` and ``timed`` hold (wall s, cpu s, precise) per candidate batch.
+        """
+        if not empty or not timed:
             return
-        cores = cpu_s / wall_s
+        empty_wall = statistics.median(w for w, _, _ in empty)
+        empty_cpu = statistics.median(c for _, c, _ in empty)
         allowed = self.threads * 1.5 + 0.25
-        if cores > allowed:
-            self._add(
-                Finding(
-                    check="threads_processes",
-                    severity="block",
-                    message=f"the candidate used {cores:.1f} cores while timed; {self.threads} allotted",
-                    evidence=f"cpu {cpu_s:.2f} s over wall {wall_s:.2f} s",
-                )
+        work = [(max(w - empty_wall, 0.0), max(c - empty_cpu, 0.0), p) for w, c, p in timed]
+        wall = sum(w for w, _, _ in work)
+        cpu = sum(c for _, c, _ in work)
+        if wall <= 0 or cpu / wall <= allowed:
+            return
+        cores = cpu / wall
+        coarse = sum(1 for _, _, p in work if not p)
+        # A coarse window can read up to two ticks high; is the excess beyond that?
+        resolution_s = 2 * coarse / _TICKS_PER_S
+        over = [w > 0.005 and c / w > allowed for w, c, _ in work]
+        evidence = (
+            f"cpu {cpu:.3f} s over wall {wall:.3f} s across {len(work)} timed batches, after subtracting "
+            f"an empty batch's {empty_cpu * 1e3:.2f} ms cpu and {empty_wall * 1e3:.2f} ms wall; "
+            f"{sum(over)} batches over {allowed:.2f} cores; {coarse} measured in clock ticks"
+        )
+        measurable = wall >= _MIN_CORE_WALL_S and cpu - resolution_s > allowed * wall
+        repeated = sum(over) >= max(3, (len(work) + 1) // 2)
+        message = f"the candidate used {cores:.1f} cores while timed; {self.threads} allotted"
+        if wall < _MIN_CORE_WALL_S:
+            message += " (too little timed work to judge: not counted)"
+        elif not measurable:
+            message += " (within clock-tick resolution: not counted)"
+        elif not repeated:
+            message += " (in a few batches only: not counted)"
+        severity: Literal["block", "warn"] = "block" if measurable and repeated else "warn"
+        self._add(
+            Finding(
+                check="threads_processes", severity=severity, message=message, evidence=evidence
             )
+        )
+
+    def _check_idle(self, windows: list[tuple[float, float, bool]]) -> None:
+        """CPU the candidate uses while the reference is timed and the candidate has no call.
+
+        An honest candidate waits on its pipe; one that burns CPU, or finishes work in
+        the background after returning, shows up here. The allowance is one quarter of
+        a core plus the allotted threads beyond the first (an OpenMP pool may spin
+        briefly after a parallel region).
+        """
+        wall = sum(w for w, _, _ in windows)
+        cpu = sum(c for _, c, _ in windows)
+        allowed = 0.25 + (self.threads - 1)
+        if wall <= 0 or cpu / wall <= allowed:
+            return
+        coarse = sum(1 for _, _, p in windows if not p)
+        resolution_s = 2 * coarse / _TICKS_PER_S
+        over = sum(1 for w, c, _ in windows if w > 0.005 and c / w > allowed)
+        measurable = wall >= _MIN_CORE_WALL_S and cpu - resolution_s > allowed * wall
+        repeated = over >= max(3, (len(windows) + 1) // 2)
+        message = f"the candidate used {cpu / wall:.2f} cores while it had no call to run"
+        if not (measurable and repeated):
+            message += " (too little or not repeated: not counted)"
+        self._add(
+            Finding(
+                check="threads_processes",
+                severity="block" if measurable and repeated else "warn",
+                message=message,
+                evidence=f"cpu {cpu:.3f} s over {wall:.3f} s of the reference's timed batches; "
+                f"{over} of {len(windows)} batches over {allowed:.2f} cores; {coarse} measured in clock ticks",
+            )
+        )
 
     def _finish_timing(
         self, ref_times: list[float], cand_times: list[float], peaks: dict[str, float]

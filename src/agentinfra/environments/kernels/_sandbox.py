@@ -44,6 +44,7 @@ from agentinfra.environments.kernels._wire import (
 )
 
 __all__ = [
+    "CpuSample",
     "SandboxMode",
     "WorkerDiedError",
     "WorkerProcess",
@@ -263,15 +264,27 @@ class WorkerProcess:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the worker's whole process tree (read from /proc)."""
-        total = 0.0
-        tick = os.sysconf("SC_CLK_TCK")
+        return self.cpu_sample().coarse_s
+
+    def cpu_sample(self) -> CpuSample:
+        """The process tree's CPU time, two ways (see `CpuSample`)."""
+        coarse = precise = 0.0
+        threads: set[tuple[int, int]] = set()
         for pid in _descendants(self.process.pid):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
                 continue
-            total += (int(fields[11]) + int(fields[12])) / tick
-        return total
+            # utime + stime (exited threads included) + cutime + cstime (reaped children)
+            coarse += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK
+            for tid in tids:
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    precise += (
+                        int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+                    )
+                    threads.add((pid, int(tid)))
+        return CpuSample(coarse, precise, frozenset(threads))
 
     def kill(self) -> None:
         """Kills the worker and everything it started; reaps it."""
@@ -289,6 +302,31 @@ class WorkerProcess:
         for fd in (self._to, self._reader.fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSample:
+    """CPU time of a process tree at one instant.
+
+    ``coarse_s`` comes from ``/proc/PID/stat`` in clock ticks (10 ms): it includes
+    threads that have exited and reaped children. ``precise_s`` sums each live
+    thread's ``schedstat`` run time in nanoseconds: exact, but a thread that exits
+    takes its time with it, so it is only valid between two samples with the same
+    ``threads``.
+    """
+
+    coarse_s: float
+    precise_s: float
+    threads: frozenset[tuple[int, int]]
+
+    def since(self, before: CpuSample) -> tuple[float, bool]:
+        """CPU seconds between ``before`` and this sample, and whether the figure is precise."""
+        if self.threads == before.threads and self.precise_s > 0:
+            return self.precise_s - before.precise_s, True
+        return self.coarse_s - before.coarse_s, False
 
 
 def _descendants(root: int) -> list[int]:
