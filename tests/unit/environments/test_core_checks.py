@@ -1,0 +1,66 @@
+"""The core-count and idle checks on constructed measurements: honest work is never blocked."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentinfra.environments.kernels._grader import _Grading
+
+ROOT = Path(__file__).resolve().parents[3]
+EMPTY = [(0.0002, 0.0001, True)] * 7
+
+
+@pytest.fixture
+def grading() -> Iterator[_Grading]:
+    from agentinfra.environments.kernels import GradeOptions
+
+    problem = ROOT / "examples" / "kernels" / "problems" / "13_relu_scale.py"
+    made = _Grading(
+        problem, ROOT / "examples/kernels/submissions/13_relu_scale_inplace.py", GradeOptions()
+    )
+    yield made
+    shutil.rmtree(made.private, ignore_errors=True)
+
+
+def severities(grading: _Grading) -> list[str]:
+    return [f.severity for f in grading.findings if f.check == "threads_processes"]
+
+
+def test_one_busy_core_plus_plumbing_is_not_flagged(grading: _Grading) -> None:
+    # 20 batches of 8 ms: 8.2 ms of CPU each, of which 0.1 ms is the empty batch's plumbing
+    grading._check_cores(EMPTY, [(0.0082, 0.0083, True)] * 20)
+    assert severities(grading) == []
+
+
+def test_a_repeated_measurable_excess_blocks(grading: _Grading) -> None:
+    grading._check_cores(EMPTY, [(0.010, 0.030, True)] * 20)  # 3 cores in every batch
+    assert severities(grading) == ["block"]
+
+
+def test_too_little_timed_work_is_never_blocked(grading: _Grading) -> None:
+    grading._check_cores(EMPTY, [(0.002, 0.006, True)] * 20)  # 3 cores, but 40 ms in all
+    assert severities(grading) == ["warn"]
+    assert "too little timed work" in grading.findings[0].message
+
+
+def test_an_excess_in_a_few_batches_only_warns(grading: _Grading) -> None:
+    grading._check_cores(EMPTY, [(0.010, 0.010, True)] * 17 + [(0.010, 0.200, True)] * 3)
+    assert severities(grading) == ["warn"]
+    assert "a few batches only" in grading.findings[0].message
+
+
+def test_tick_resolution_does_not_block(grading: _Grading) -> None:
+    # batches measured in 10 ms clock ticks (threads came and went): 20 ms too much is within resolution
+    grading._check_cores(EMPTY, [(0.010, 0.020, False)] * 12)
+    assert severities(grading) != ["block"]
+
+
+def test_an_idle_candidate_is_fine_and_a_busy_one_blocks(grading: _Grading) -> None:
+    grading._check_idle([(0.010, 0.0001, True)] * 20)
+    assert severities(grading) == []
+    grading._check_idle([(0.010, 0.0098, True)] * 20)  # burning a core while it has no call
+    assert severities(grading) == ["block"]
