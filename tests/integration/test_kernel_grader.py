@@ -197,3 +197,18 @@ def test_gpu_grading_path() -> None:
     )
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
     assert verdict.provenance.device == "cuda"
+
+
+@pytest.mark.slow
+def test_concurrent_gradings_with_the_same_seed_all_pass() -> None:
+    """The agent-visible check always uses one seed; three at once must not share a sandbox uid."""
+    options = GradeOptions(timing_pairs=5, correctness_seeds=1, seed=20_251_129, timeout_s=120)
+    problem, submission = PROBLEMS / "11_slow_cumsum.py", SUBMISSIONS / "11_fast_cumsum.py"
+
+    async def together() -> list[Outcome]:
+        verdicts = await asyncio.gather(
+            *(grade_async(problem, submission, options) for _ in range(3))
+        )
+        return [v.outcome for v in verdicts]
+
+    assert asyncio.run(together()) == [Outcome.PASSED] * 3

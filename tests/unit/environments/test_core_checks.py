@@ -64,3 +64,15 @@ def test_an_idle_candidate_is_fine_and_a_busy_one_blocks(grading: _Grading) -> N
     assert severities(grading) == []
     grading._check_idle([(0.010, 0.0098, True)] * 20)  # burning a core while it has no call
     assert severities(grading) == ["block"]
+
+
+def test_candidate_uids_are_reserved_until_released() -> None:
+    import os
+
+    from agentinfra.environments.kernels._grader import _reserve_uid
+
+    held = [_reserve_uid() for _ in range(20)]
+    uids = [uid for uid, _ in held]
+    assert len(set(uids)) == 20  # never the same uid twice while held, whatever the seed
+    for _, fd in held:
+        os.close(fd)

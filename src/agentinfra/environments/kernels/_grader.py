@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import os
 import random
@@ -223,6 +224,7 @@ class _Grading:
         self.timing: dict[str, Any] = {}
         self._cpu_windows: list[tuple[float, float, bool]] = []
         self._idle_windows: list[tuple[float, float, bool]] = []
+        self._uid_lock: int | None = None
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
         self.threads = options.threads
         cpus = sorted(os.sched_getaffinity(0))
@@ -339,15 +341,9 @@ class _Grading:
             )
 
     def _free_uid(self) -> int:
-        used = set()
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                with contextlib.suppress(OSError):
-                    used.add(os.stat(f"/proc/{entry}").st_uid)
-        while True:
-            uid = self.rng.randrange(200_000, 260_000)
-            if uid not in used:
-                return uid
+        """A uid for the candidate, reserved for this grading's life (`_reserve_uid`)."""
+        uid, self._uid_lock = _reserve_uid()
+        return uid
 
     def _candidate_call(self, header: dict[str, Any], tensors: list[TensorBytes] | None = None, *, phase: str,
                         receive_only: bool = False, allow_error: bool = False) -> Frame:  # fmt: skip
@@ -799,6 +795,9 @@ class _Grading:
                 with contextlib.suppress(Exception):
                     worker.kill()
         shutil.rmtree(self.private, ignore_errors=True)
+        if self._uid_lock is not None:  # after the kill: the uid's processes are gone
+            os.close(self._uid_lock)
+            self._uid_lock = None
 
     def run(self) -> Verdict:
         stop: _StopGradingError | None = None
@@ -814,6 +813,41 @@ class _Grading:
         finally:
             self.close()
         return self.verdict(stop)
+
+
+_UID_RANGE = (200_000, 260_000)
+
+
+def _reserve_uid() -> tuple[int, int]:
+    """A candidate uid no live process uses and no other grading on this machine holds.
+
+    Drawn from the OS's secret randomness (never from a grading's seed, which the
+    agent-visible `check` fixes), and reserved with an exclusive ``flock`` on
+    ``<tmp>/agentinfra-uids-<our uid>/<uid>`` held until the grading closes, so
+    concurrent gradings in any process never share a uid, and the cleanup that
+    kills a uid's processes only reaches this grading's candidate.
+    """
+    folder = Path(tempfile.gettempdir()) / f"agentinfra-uids-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    used: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                used.add(os.stat(f"/proc/{entry}").st_uid)
+    for _ in range(1000):
+        uid = _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0])
+        if uid in used:
+            continue
+        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return uid, fd
+    raise TaskEnvironmentError(
+        f"no free candidate uid in {_UID_RANGE} after 1000 draws; too many gradings at once"
+    )
 
 
 def grade(problem: Path, submission: Path, options: GradeOptions | None = None) -> Verdict:
