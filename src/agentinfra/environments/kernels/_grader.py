@@ -4,8 +4,10 @@ Threat model. The submission is an attacker that knows this code.
 
 Covered:
 - It never runs in the supervisor: it runs in a fresh candidate process (per
-  submission) inside the sandbox of `_sandbox` (namespaces, unprivileged uid,
-  limits); the reference runs in its own worker process. The problem file is
+  submission) inside the sandbox of `_sandbox` (namespaces, an unprivileged uid
+  drawn from the OS's randomness and reserved by flock for the grading's life,
+  so no two live gradings share one and the uid-wide cleanup reaches only this
+  candidate; limits); the reference runs in its own worker process. The problem file is
   copied to a private directory the candidate cannot see, and the reference is
   loaded from that copy; the candidate never receives the problem's code.
 - Correctness: several secret seeds chosen here, the problem's input
