@@ -45,3 +45,20 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
         hit = [r for r in records if r["bench"] == "replay_hit_rate"]
         assert all(0 <= r["hit_rate"] <= r["belady_hit_rate"] + 1e-9 for r in hit)
         assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_false_flag_benchmark_smoke() -> None:
+    out = subprocess.run(
+        [sys.executable, "bench_false_flags.py", "--smoke"],
+        cwd=ROOT / "benchmarks" / "grader",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    summary = records[-1]
+    assert summary["bench"] == "false_flags"
+    assert summary["gradings"] == 2
+    assert summary["outcomes"] == {"passed": 2}, summary["not_passed"]
+    assert out.returncode == 0
