@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import platform
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +45,21 @@ def emit(record: dict[str, Any]) -> None:
     """Prints one JSON line."""
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int) -> None:
+    """Waits up to 15 s for a server to listen on ``port``."""
+    for _ in range(300):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing on port {port}")

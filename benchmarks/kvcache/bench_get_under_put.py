@@ -19,7 +19,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment
+from _common import environment, free_port, wait_port
 
 from agentinfra.kvcache import CacheClient, Namespace, block_keys, encode_block
 
@@ -46,12 +45,6 @@ async def main():
         await asyncio.Event().wait()
 asyncio.run(main())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def blocks(model: str, count: int, block_bytes: int, seed: int) -> list[tuple[Any, bytes]]:
@@ -91,12 +84,7 @@ def main() -> None:
             [sys.executable, "-c", SERVER, str(port), str(Path(folder) / "disk")]
         )
         try:
-            for _ in range(300):
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            wait_port(port)
             resident = blocks("resident", args.get_blocks, args.get_block_kib * KiB, 7)
             keys = [key for key, _ in resident]
             with CacheClient("127.0.0.1", port) as client:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment
+from _common import environment, free_port, wait_port
 
 from agentinfra.kvcache import (
     AsyncCacheClient,
@@ -45,22 +45,6 @@ from agentinfra.kvcache import (
 )
 
 MiB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_port(port: int) -> None:
-    for _ in range(300):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing on port {port}")
 
 
 def make_block(size: int, seed: int = 0) -> tuple[bytes, bytes]:

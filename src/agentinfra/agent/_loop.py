@@ -25,17 +25,16 @@ Every drop and shortening is journalled, so resume rebuilds the same history.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentinfra._atomic import write_atomic
 from agentinfra._journal import Journal
 from agentinfra.agent._content import ImagePart, TextPart, image_data_url, image_ref, is_image_ref
 from agentinfra.agent._model import Completion, ModelClient, Usage
@@ -68,16 +67,9 @@ class Transcript(Journal):
         if target.is_file():
             return sha
         self.images_dir.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as handle:
-                handle.write(png)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, target)
+            write_atomic(target, png)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise AgentError(
                 f"cannot store image {target}: {exc.strerror}; free disk space and resume"
             ) from None
@@ -208,6 +200,7 @@ class AgentLoop:
         self.last_prompt_tokens = 0
         self.status = "starting"
         self._pending_images: list[tuple[str, dict[str, Any]]] = []
+        self._data_urls: dict[str, str] = {}
 
     # -- resume ----------------------------------------------------------------------
 
@@ -372,18 +365,28 @@ class AgentLoop:
         self._pending_images = []
 
     def _wire(self) -> list[dict[str, Any]]:
-        """The history as sent: image references become ``image_url`` parts with PNG data URLs."""
+        """The history as sent: image references become ``image_url`` parts with PNG data URLs.
+
+        Each image is read from disk once; the cache keeps only images still in the history.
+        """
+        urls: dict[str, str] = {}
         wired: list[dict[str, Any]] = []
         for message in self.messages:
             content = message.get("content")
             if isinstance(content, list) and any(is_image_ref(p) for p in content):
-                parts = [
-                    {"type": "image_url", "image_url": {"url": image_data_url(self.transcript.load_image(p["sha256"]))}}
-                    if is_image_ref(p) else p
-                    for p in content
-                ]  # fmt: skip
+                parts = []
+                for part in content:
+                    if is_image_ref(part):
+                        sha = part["sha256"]
+                        if sha not in urls:
+                            urls[sha] = self._data_urls.get(sha) or image_data_url(
+                                self.transcript.load_image(sha)
+                            )
+                        part = {"type": "image_url", "image_url": {"url": urls[sha]}}
+                    parts.append(part)
                 message = {**message, "content": parts}
             wired.append(message)
+        self._data_urls = urls
         return wired
 
     def _journal_content(self, result: Any) -> str | list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import agentinfra
+from agentinfra._atomic import write_atomic
 from agentinfra._pidlock import try_lock
 from agentinfra.environments import Evaluation, Submission
 from agentinfra.errors import HarnessError
@@ -56,17 +57,10 @@ _LEGACY_SUBMISSION_FILE = "submission.py"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` via a temporary file, fsync and rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`write_atomic`, with a failure reported as a `HarnessError`."""
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, data)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise HarnessError(
             f"cannot write {path}: {exc.strerror}; free disk space and resume the run"
         ) from None
@@ -299,7 +293,7 @@ class RunDirectory:
             )
         sha = hashlib.sha256(data).hexdigest()
         folder = self.layout.submission_dir(sha)
-        existing = self._submission_file(sha)
+        existing = self._submission_file(sha, self._submission_meta(sha))
         if existing is not None:
             return StoredSubmission(sha, existing, False)
         target = folder / f"submission{_suffix(submission.name)}"
@@ -314,11 +308,8 @@ class RunDirectory:
         atomic_write(target, data)
         return StoredSubmission(sha, target, True)
 
-    def _submission_file(self, sha: str) -> Path | None:
-        folder = self.layout.submission_dir(sha)
-        meta = self._submission_meta(sha)
-        name = meta.get("file", _LEGACY_SUBMISSION_FILE)
-        path = folder / str(name)
+    def _submission_file(self, sha: str, meta: dict[str, Any]) -> Path | None:
+        path = self.layout.submission_dir(sha) / str(meta.get("file", _LEGACY_SUBMISSION_FILE))
         return path if path.is_file() else None
 
     def _submission_meta(self, sha: str) -> dict[str, Any]:
@@ -336,7 +327,8 @@ class RunDirectory:
         Raises:
             HarnessError: it is not stored, or its bytes no longer match the hash.
         """
-        path = self._submission_file(sha)
+        meta = self._submission_meta(sha)
+        path = self._submission_file(sha, meta)
         if path is None:
             raise HarnessError(f"run {self.path} has no submission {sha[:12]}")
         data = path.read_bytes()
@@ -344,13 +336,12 @@ class RunDirectory:
             raise HarnessError(
                 f"{path} no longer matches its hash {sha[:12]}; the run directory was modified"
             )
-        meta = self._submission_meta(sha)
         return Submission(data, name=str(meta.get("name", path.name)),
                           media_type=str(meta.get("media_type", "text/x-python")), meta=meta)  # fmt: skip
 
     def submission_text(self, sha: str) -> str:
         """The submission decoded as text (for diffs in reports); empty when it is not stored."""
-        path = self._submission_file(sha)
+        path = self._submission_file(sha, self._submission_meta(sha))
         return path.read_text(errors="replace") if path is not None else ""
 
     def write_evaluation(

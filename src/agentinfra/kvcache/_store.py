@@ -231,6 +231,8 @@ class TieredStore:
 
     def flush_deferred(self) -> None:
         """Writes demoted blocks to their tier, outside the store lock (evictions recorded after)."""
+        if not self._deferred:  # the common case: no lock taken
+            return
         with self._lock:
             work, self._deferred = self._deferred, []
         if work:

@@ -654,37 +654,11 @@ class _Grading:
             return
         empty_wall = statistics.median(w for w, _, _ in empty)
         empty_cpu = statistics.median(c for _, c, _ in empty)
-        allowed = self.threads * 1.5 + 0.25
         work = [(max(w - empty_wall, 0.0), max(c - empty_cpu, 0.0), p) for w, c, p in timed]
-        wall = sum(w for w, _, _ in work)
-        cpu = sum(c for _, c, _ in work)
-        if wall <= 0 or cpu / wall <= allowed:
-            return
-        cores = cpu / wall
-        coarse = sum(1 for _, _, p in work if not p)
-        # A coarse window can read up to two ticks high; is the excess beyond that?
-        resolution_s = 2 * coarse / _TICKS_PER_S
-        over = [w > 0.005 and c / w > allowed for w, c, _ in work]
-        evidence = (
-            f"cpu {cpu:.3f} s over wall {wall:.3f} s across {len(work)} timed batches, after subtracting "
-            f"an empty batch's {empty_cpu * 1e3:.2f} ms cpu and {empty_wall * 1e3:.2f} ms wall; "
-            f"{sum(over)} batches over {allowed:.2f} cores; {coarse} measured in clock ticks"
-        )
-        measurable = wall >= _MIN_CORE_WALL_S and cpu - resolution_s > allowed * wall
-        repeated = sum(over) >= max(3, (len(work) + 1) // 2)
-        message = f"the candidate used {cores:.1f} cores while timed; {self.threads} allotted"
-        if wall < _MIN_CORE_WALL_S:
-            message += " (too little timed work to judge: not counted)"
-        elif not measurable:
-            message += " (within clock-tick resolution: not counted)"
-        elif not repeated:
-            message += " (in a few batches only: not counted)"
-        severity: Literal["block", "warn"] = "block" if measurable and repeated else "warn"
-        self._add(
-            Finding(
-                check="threads_processes", severity=severity, message=message, evidence=evidence
-            )
-        )
+        self._judge_cpu(
+            work, self.threads * 1.5 + 0.25, "while timed",
+            f"after subtracting an empty batch's {empty_cpu * 1e3:.2f} ms cpu and {empty_wall * 1e3:.2f} ms wall",
+        )  # fmt: skip
 
     def _check_idle(self, windows: list[tuple[float, float, bool]]) -> None:
         """CPU the candidate uses while the reference is timed and the candidate has no call.
@@ -694,26 +668,38 @@ class _Grading:
         a core plus the allotted threads beyond the first (an OpenMP pool may spin
         briefly after a parallel region).
         """
+        self._judge_cpu(windows, 0.25 + (self.threads - 1), "while it had no call to run",
+                        "during the reference's timed batches")  # fmt: skip
+
+    def _judge_cpu(
+        self, windows: list[tuple[float, float, bool]], allowed: float, when: str, how: str
+    ) -> None:
+        """A ``threads_processes`` finding when ``windows`` (wall s, cpu s, precise) use more
+        than ``allowed`` cores: a block only when measurable and repeated, else a warning."""
         wall = sum(w for w, _, _ in windows)
         cpu = sum(c for _, c, _ in windows)
-        allowed = 0.25 + (self.threads - 1)
         if wall <= 0 or cpu / wall <= allowed:
             return
         coarse = sum(1 for _, _, p in windows if not p)
+        # A window measured in clock ticks can read up to two ticks high; is the excess beyond that?
         resolution_s = 2 * coarse / _TICKS_PER_S
         over = sum(1 for w, c, _ in windows if w > 0.005 and c / w > allowed)
         measurable = wall >= _MIN_CORE_WALL_S and cpu - resolution_s > allowed * wall
         repeated = over >= max(3, (len(windows) + 1) // 2)
-        message = f"the candidate used {cpu / wall:.2f} cores while it had no call to run"
-        if not (measurable and repeated):
-            message += " (too little or not repeated: not counted)"
+        message = f"the candidate used {cpu / wall:.2f} cores {when}; {self.threads} allotted"
+        if wall < _MIN_CORE_WALL_S:
+            message += " (too little timed work to judge: not counted)"
+        elif not measurable:
+            message += " (within clock-tick resolution: not counted)"
+        elif not repeated:
+            message += " (in a few batches only: not counted)"
         self._add(
             Finding(
                 check="threads_processes",
                 severity="block" if measurable and repeated else "warn",
                 message=message,
-                evidence=f"cpu {cpu:.3f} s over {wall:.3f} s of the reference's timed batches; "
-                f"{over} of {len(windows)} batches over {allowed:.2f} cores; {coarse} measured in clock ticks",
+                evidence=f"cpu {cpu:.3f} s over wall {wall:.3f} s across {len(windows)} batches, {how}; "
+                f"{over} batches over {allowed:.2f} cores; {coarse} measured in clock ticks",
             )
         )
 

@@ -262,10 +262,6 @@ class WorkerProcess:
             return ""
         return data[-limit:].decode(errors="replace")
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the worker's whole process tree (read from /proc)."""
-        return self.cpu_sample().coarse_s
-
     def cpu_sample(self) -> CpuSample:
         """The process tree's CPU time, two ways (see `CpuSample`)."""
         coarse = precise = 0.0
