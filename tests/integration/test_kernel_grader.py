@@ -10,9 +10,12 @@ import asyncio
 import json
 import os
 import re
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,8 @@ from agentinfra.environments.kernels import (
     grade_async,
     probe_sandbox_mode,
 )
+from agentinfra.environments.kernels._sandbox import WORKER_DISTRIBUTIONS
+from agentinfra.sandbox import python_runtime_paths, system_library_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "kernels" / "problems"
@@ -159,6 +164,74 @@ def test_candidate_cannot_see_the_problem_the_supervisor_or_the_network(tmp_path
     finally:
         server.close()
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+
+
+@pytest.fixture
+def other_run() -> Iterator[Path]:
+    """Another run's directory in the checkout, as a concurrent run leaves it: a passing kernel, its verdict."""
+    run = ROOT / "runs" / f"plagiarism-target-{secrets.token_hex(4)}"
+    (run / "submissions").mkdir(parents=True)
+    (run / "evaluations").mkdir()
+    shutil.copyfile(SUBMISSIONS / "01_matmul_relu_addmm.py", run / "submissions" / "0001-kernel.py")
+    (run / "evaluations" / "0001.json").write_text('{"outcome": "passed"}')
+    try:
+        yield run
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_candidate_sees_only_its_allowlisted_root(tmp_path: Path, other_run: Path) -> None:
+    if probe_sandbox_mode() == "rlimits-only":
+        pytest.skip("no namespaces on this machine")
+    home = Path("/home") / f"planted-{secrets.token_hex(4)}"
+    home.mkdir()
+    (home / "secret.txt").write_text("secret")
+    targets = [ROOT / "pyproject.toml", ROOT / "src" / "agentinfra" / "__init__.py", home / "secret.txt",
+               other_run / "submissions" / "0001-kernel.py", other_run / "evaluations" / "0001.json"]  # fmt: skip
+    allowed = {
+        p.split("/")[1] for p in python_runtime_paths(WORKER_DISTRIBUTIONS) + system_library_paths()
+    }
+    allowed |= {"dev", "etc", "proc", "tmp", "opt"}
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, torch, torch.nn as nn\n"
+        f"ALLOWED, TARGETS = {sorted(allowed)!r}, {[str(t) for t in targets]!r}\n"
+        "extra = sorted(set(os.listdir('/')) - set(ALLOWED))\n"
+        "readable = [t for t in TARGETS if os.access(t, os.R_OK)]\n"
+        "if extra or readable:\n"
+        "    raise RuntimeError(f'outside the allowlist: {extra}; readable: {readable}')\n"
+        "class ModelNew(nn.Module):\n"
+        "    def __init__(self, i, o):\n"
+        "        super().__init__()\n"
+        "        self.linear = nn.Linear(i, o)\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(self.linear(x))\n"
+    )
+    try:
+        assert all(os.access(t, os.R_OK) for t in targets), (
+            "the planted files must be readable outside"
+        )
+        verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert verdict.outcome is Outcome.PASSED, verdict.error
+
+
+@pytest.mark.slow
+def test_a_kernel_copied_from_another_run_gets_no_passing_verdict(other_run: Path) -> None:
+    if probe_sandbox_mode() == "rlimits-only":
+        pytest.skip("no namespaces on this machine")
+    cheat = CHEATS / "copy_other_run.py"
+    namespace: dict[str, object] = {}
+    finder = cheat.read_text().split("_COPIES = find_kernels()")[0]
+    exec(
+        compile(finder, str(cheat), "exec"), namespace
+    )  # the cheat's own search, run outside the jail
+    assert str(other_run / "submissions" / "0001-kernel.py") in namespace["find_kernels"](str(ROOT))  # type: ignore[operator]
+    verdict = grade(PROBLEMS / "01_matmul_relu.py", cheat, QUICK)
+    assert verdict.outcome is Outcome.INVALID, verdict.model_dump_json(indent=1)
+    assert "no other run's kernel to copy" in (verdict.error or "")
 
 
 def test_grade_async_returns_a_verdict() -> None:

@@ -2,7 +2,7 @@
 
 The allowed direction (docs/architecture.md): shared modules (the package root,
 `errors`, `_settings`) import no component; `kvcache` and `agent` import only shared
-modules; `environments` may use `agent`; `harness` uses `environments` and `agent`;
+modules; `sandbox` imports none; `environments` may use `agent` and `sandbox`; `harness` uses `environments` and `agent`;
 `serving` and `telemetry` may use `kvcache`; `cli` uses everything.
 
 Two more rules: a private module (``_name``) is imported only from inside its
@@ -23,11 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     SHARED: set(),
     "kvcache": set(),
     "agent": set(),
-    "environments": {"agent"},
-    "harness": {"environments", "agent"},
+    "sandbox": set(),
+    "environments": {"agent", "sandbox"},
+    "harness": {"environments", "agent", "sandbox"},
     "serving": {"kvcache", "telemetry"},
     "telemetry": set(),
-    "cli": {"kvcache", "agent", "environments", "harness", "serving", "telemetry"},
+    "cli": {"kvcache", "agent", "environments", "harness", "serving", "telemetry", "sandbox"},
 }
 
 

@@ -197,6 +197,14 @@ EXPECTED: dict[str, list[str]] = {
         "workspace_tools",
     ],
     "agentinfra.cli": ["app", "main"],
+    "agentinfra.sandbox": [
+        "JailLimits",
+        "JailSpec",
+        "SandboxMode",
+        "probe_sandbox_mode",
+        "python_runtime_paths",
+        "system_library_paths",
+    ],
 }
 
 

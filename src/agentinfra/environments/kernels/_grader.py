@@ -7,9 +7,20 @@ Covered:
   submission) inside the sandbox of `_sandbox` (namespaces, an unprivileged uid
   drawn from the OS's randomness and reserved by flock for the grading's life,
   so no two live gradings share one and the uid-wide cleanup reaches only this
-  candidate; limits); the reference runs in its own worker process. The problem file is
-  copied to a private directory the candidate cannot see, and the reference is
-  loaded from that copy; the candidate never receives the problem's code.
+  candidate; limits); the reference runs in its own worker process, in the same
+  kind of jail with its own reserved uid and no resource limits.
+- What it can read is an allowlist (`agentinfra.sandbox`): a fresh root holding
+  the interpreter, the standard library, torch, numpy and xxhash with the
+  distributions they declare, the system library directories and the loader's
+  cache, the two worker modules, a generated ``/etc/passwd`` and ``/etc/group``,
+  a minimal ``/dev``, its own ``/proc``, and a private ``/tmp`` holding only its
+  submission. The checkout, every run directory (other runs' submissions and
+  evaluations included), home directories, the rest of ``/etc``, ``/srv``,
+  ``/opt``, ``/mnt`` and the problem file do not exist in its view, so it can
+  neither copy another rollout's kernel nor send host files out through its
+  error text. The verdict's ``error`` quotes its stderr (capped; documented as
+  candidate-controlled). The problem file is copied to a private directory and
+  only into the reference's jail; the candidate never receives the problem's code.
 - Correctness: several secret seeds chosen here, the problem's input
   distribution plus variants (scaled, shifted, sign-flipped, other shapes the
   problem allows), a variant counting only where the reference's own output is
@@ -47,6 +58,10 @@ Covered:
 - Nothing in the verdict comes from the candidate's stdout or its account of itself.
 
 Not covered:
+- What the allowlist itself holds is readable: the interpreter and those
+  packages (public code), the system libraries, and machine-wide facts in its
+  ``/proc`` (``/proc/cpuinfo``, ``/proc/meminfo``, the kernel's version); its own
+  command line names the worker module.
 - Side channels and timing noise from other load on the machine; a candidate
   that is correct on every input we draw but wrong elsewhere (sampling); kernel
   exploits against the host; in ``rlimits-only`` mode (no namespaces) signalling
@@ -84,7 +99,13 @@ from agentinfra.environments.kernels._sandbox import (
     WorkerTimeoutError,
 )
 from agentinfra.environments.kernels._static import static_findings
-from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
+from agentinfra.environments.kernels._verdict import (
+    ERROR_LIMIT,
+    Finding,
+    Outcome,
+    Provenance,
+    Verdict,
+)
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 
@@ -226,8 +247,9 @@ class _Grading:
         self.timing: dict[str, Any] = {}
         self._cpu_windows: list[tuple[float, float, bool]] = []
         self._idle_windows: list[tuple[float, float, bool]] = []
-        self._uid_lock: int | None = None
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
+        self._uid_locks: list[int] = []
+        """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
         cpus = sorted(os.sched_getaffinity(0))
         self.cpus = tuple(cpus[: options.threads]) if len(cpus) >= options.threads else tuple(cpus)
@@ -261,13 +283,15 @@ class _Grading:
         )
 
     def start_reference(self) -> dict[str, Any]:
+        problem = self.private / "problem.py"
         self.reference = WorkerProcess.start(
-            workdir=self.private / "reference", sandboxed=False, limits=self._limits()
-        )
+            workdir=self.private / "reference", role="reference", limits=self._limits(), program=problem,
+            uid=self._reserve_uid(), device=self.options.device,
+        )  # fmt: skip
         self._reference_call({"op": "hello"}, receive_only=True)
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self._reference_call(
-            {"op": "load", "role": "reference", "path": str(self.private / "problem.py"), "threads": self.threads,
+            {"op": "load", "role": "reference", "path": self.reference.program_path(problem), "threads": self.threads,
              "seed": self.init_seed, "device": self.options.device}
         )  # fmt: skip
         return {"header": frame.header, "tensors": frame.tensors}
@@ -300,10 +324,10 @@ class _Grading:
         return frame
 
     def start_candidate(self, loaded: dict[str, Any]) -> None:
-        uid = self._free_uid()
+        submission = self.private / "submission.py"
         self.candidate = WorkerProcess.start(
-            workdir=self.private / "candidate", sandboxed=True, limits=self._limits(),
-            submission=self.private / "submission.py", uid=uid, hide=(self.meta.path.resolve().parent,),
+            workdir=self.private / "candidate", role="candidate", limits=self._limits(), program=submission,
+            uid=self._reserve_uid(), device=self.options.device,
         )  # fmt: skip
         self.deadline = time.monotonic() + self.options.timeout_s
         if self.candidate.mode == "rlimits-only" and any(
@@ -314,9 +338,6 @@ class _Grading:
                 "not run: it signals processes and this machine has no namespaces to contain it",
             )
         if self.candidate.mode == "rlimits-only":
-            shutil.copyfile(
-                self.private / "submission.py", self.private / "candidate" / "submission.py"
-            )
             self._add(
                 Finding(
                     check="sandbox",
@@ -326,11 +347,7 @@ class _Grading:
             )
         self._candidate_call({"op": "hello"}, receive_only=True, phase="start")
         header = loaded["header"]
-        path = (
-            "/tmp/work/submission.py"
-            if self.candidate.mode in ("namespaces+uid", "userns")
-            else str(self.private / "candidate" / "submission.py")
-        )
+        path = self.candidate.program_path(submission)
         reply = self._candidate_call(
             {"op": "load", "role": "candidate", "path": path, "threads": self.threads, "seed": self.init_seed,
              "device": self.options.device, "init": header["init"], "state_names": header["state_names"],
@@ -342,9 +359,10 @@ class _Grading:
                 Outcome.INVALID, str(reply.header.get("error", "load failed"))[:2000]
             )
 
-    def _free_uid(self) -> int:
-        """A uid for the candidate, reserved for this grading's life (`_reserve_uid`)."""
-        uid, self._uid_lock = _reserve_uid()
+    def _reserve_uid(self) -> int:
+        """A uid for one worker, reserved for this grading's life (`_reserve_uid`)."""
+        uid, lock = _reserve_uid()
+        self._uid_locks.append(lock)
         return uid
 
     def _candidate_call(self, header: dict[str, Any], tensors: list[TensorBytes] | None = None, *, phase: str,
@@ -774,7 +792,7 @@ class _Grading:
             outcome=outcome, correct=self.correct and stop is None and not any(f.check == "audit" for f in self.findings),
             speedup=timing.get("speedup"), speedup_ci=timing.get("speedup_ci"), candidate_ms=timing.get("candidate_ms"),
             baseline_ms=timing.get("baseline_ms"), findings=self.findings, provenance=self.provenance(),
-            error=stop.error if stop else None,
+            error=_capped(stop.error) if stop else None,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -783,9 +801,8 @@ class _Grading:
                 with contextlib.suppress(Exception):
                     worker.kill()
         shutil.rmtree(self.private, ignore_errors=True)
-        if self._uid_lock is not None:  # after the kill: the uid's processes are gone
-            os.close(self._uid_lock)
-            self._uid_lock = None
+        while self._uid_locks:  # after the kill: the uids' processes are gone
+            os.close(self._uid_locks.pop())
 
     def run(self) -> Verdict:
         stop: _StopGradingError | None = None
@@ -801,6 +818,14 @@ class _Grading:
         finally:
             self.close()
         return self.verdict(stop)
+
+
+def _capped(error: str) -> str:
+    """``error`` within `ERROR_LIMIT` characters: its head and tail, the cut marked."""
+    if len(error) <= ERROR_LIMIT:
+        return error
+    half = (ERROR_LIMIT - 40) // 2
+    return f"{error[:half]} [... {len(error) - 2 * half} characters cut ...] {error[-half:]}"
 
 
 _UID_RANGE = (200_000, 260_000)

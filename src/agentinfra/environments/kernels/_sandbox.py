@@ -1,30 +1,38 @@
 """Starting, talking to and killing worker processes (reference and candidate).
 
-Sandbox modes for the candidate, strongest first (`probe_sandbox_mode` picks):
+Sandbox modes, strongest first (`agentinfra.sandbox.probe_sandbox_mode` picks):
 
-- ``namespaces+uid`` (grader runs as root): new pid, network and mount
-  namespaces via ``unshare``; private tmpfs ``/tmp``; the supervisor's files
-  hidden; a fresh unprivileged uid per grading with RLIMIT_NPROC (which binds
-  because the uid is not root), no capabilities, ``no_new_privs``.
-- ``userns`` (non-root grader with unprivileged user namespaces): the same
-  namespaces and mounts; the process keeps the caller's uid, so RLIMIT_NPROC
-  counts that user's processes.
-- ``rlimits-only`` (neither available): a new session with resource limits only.
-  It cannot stop the candidate from signalling or reading the supervisor; the
-  verdict carries a warning finding saying so.
+- ``namespaces+uid`` (grader runs as root): each worker runs in an
+  `agentinfra.sandbox` jail: a fresh minimal root (the interpreter, the standard
+  library, torch, numpy, xxhash and what they declare they need, the system
+  libraries, and the two worker modules; nothing else of the host), private pid,
+  network and mount namespaces, a fresh unprivileged uid per worker with
+  RLIMIT_NPROC (which binds because the uid is not root), no capabilities,
+  ``no_new_privs``.
+- ``userns`` (non-root grader with unprivileged user namespaces): the same jail;
+  the process keeps the caller's uid, so RLIMIT_NPROC counts that user's processes.
+- ``rlimits-only`` (neither available): the candidate gets a new session with
+  resource limits only, and the reference runs unconfined. It cannot stop the
+  candidate from signalling or reading the supervisor; the verdict carries a
+  warning finding saying so.
 
 In every mode the candidate gets a scrubbed environment, a private working
 directory, address-space, CPU-time and file-size limits, a wall-clock deadline
 enforced by the supervisor, and every process it started is killed when its
 grading ends (the pid namespace dies with its init; in ``rlimits-only`` the
 process group is killed).
+
+Inside a jail the worker is not started as ``-m agentinfra...`` (that would need
+agentinfra's whole package and its dependencies in the jail): ``_worker.py`` and
+``_wire.py`` are bound read-only into a package skeleton under
+``/opt/agentinfra-sandbox`` and run from there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import platform
 import select
 import shutil
 import signal
@@ -42,17 +50,25 @@ from agentinfra.environments.kernels._wire import (
     encode_frame,
     read_frame,
 )
+from agentinfra.sandbox import (
+    JailLimits,
+    JailSpec,
+    SandboxMode,
+    probe_sandbox_mode,
+    python_runtime_paths,
+    system_library_paths,
+)
 
 __all__ = [
     "CpuSample",
-    "SandboxMode",
+    "SandboxLimits",
     "WorkerDiedError",
     "WorkerProcess",
     "WorkerTimeoutError",
     "probe_sandbox_mode",
+    "worker_jail",
 ]
 
-SandboxMode = Literal["namespaces+uid", "userns", "rlimits-only", "none"]
 _MAX_REPLY = 4 << 30
 
 
@@ -66,27 +82,6 @@ class WorkerDiedError(Exception):
     def __init__(self, message: str, returncode: int | None) -> None:
         super().__init__(message)
         self.returncode = returncode
-
-
-_PROBED: dict[str, SandboxMode] = {}
-
-
-def probe_sandbox_mode() -> SandboxMode:
-    """The strongest sandbox mode this machine allows (probed once per process)."""
-    if "mode" in _PROBED:
-        return _PROBED["mode"]
-    mode: SandboxMode = "rlimits-only"
-    if shutil.which("unshare") and shutil.which("setpriv"):
-        flags = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        probe = subprocess.run(
-            ["unshare", *flags, "--pid", "--fork", "--net", "--mount", "--mount-proc", "--propagation", "private",
-             "mount", "-t", "tmpfs", "tmpfs", "/mnt"],
-            capture_output=True, check=False, timeout=30,
-        )  # fmt: skip
-        if probe.returncode == 0:
-            mode = "namespaces+uid" if os.geteuid() == 0 else "userns"
-    _PROBED["mode"] = mode
-    return mode
 
 
 class _DeadlineReader:
@@ -117,16 +112,70 @@ class SandboxLimits:
     cpus: tuple[int, ...]
 
 
-def _needed_paths() -> list[str]:
-    """What the worker reads: the interpreter, its prefixes, site-packages and agentinfra itself."""
-    import site
+WORKER_DISTRIBUTIONS = ("torch", "numpy", "xxhash")
+"""What the worker imports; the jail holds these and their declared dependencies."""
+JAILED_WORKDIR = "/tmp/work"
+_RUNTIME_ROOT = "/opt/agentinfra-sandbox"
+_WORKER_MODULE = "agentinfra.environments.kernels._worker"
+_BOOT = (
+    f"import runpy, sys; sys.path.insert(0, {_RUNTIME_ROOT!r}); "
+    f"runpy.run_module({_WORKER_MODULE!r}, run_name='__main__', alter_sys=True)"
+)
 
-    import agentinfra
 
-    paths = {os.path.realpath(sys.executable), sys.base_prefix, sys.prefix}
-    paths.update(os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p))
-    paths.add(os.path.realpath(Path(agentinfra.__file__).parent.parent))
-    return sorted(os.path.realpath(p) for p in paths)
+def worker_jail(
+    *,
+    argv_tail: tuple[str, ...],
+    env: dict[str, str],
+    uid: int,
+    program: Path,
+    limits: SandboxLimits | None,
+    cpus: tuple[int, ...],
+    device: str,
+) -> JailSpec:
+    """The jail a worker runs in: the worker modules, the Python runtime, ``program`` in its workdir."""
+    here = Path(__file__).resolve().parent
+    package = f"{_RUNTIME_ROOT}/agentinfra/environments/kernels"
+    binds = tuple((str(here / name), f"{package}/{name}") for name in ("_worker.py", "_wire.py"))
+    skeleton = ("agentinfra", "agentinfra/environments", "agentinfra/environments/kernels")
+    files = tuple((f"{_RUNTIME_ROOT}/{folder}/__init__.py", "") for folder in skeleton)
+    return JailSpec(
+        argv=(sys.executable, "-I", "-c", _BOOT, *argv_tail),
+        env=env,
+        uid=uid,
+        ro_paths=python_runtime_paths(WORKER_DISTRIBUTIONS) + system_library_paths(),
+        binds=binds,
+        files=files,
+        copy_in=((str(program), program.name),),
+        devices=_cuda_devices() if device == "cuda" else (),
+        sys_paths=_sys_paths(device),
+        workdir=JAILED_WORKDIR,
+        cpus=cpus,
+        limits=None if limits is None else JailLimits(
+            memory_bytes=limits.memory_limit_bytes, max_processes=limits.max_processes, cpu_s=limits.cpu_limit_s
+        ),
+    )  # fmt: skip
+
+
+def _cuda_devices() -> tuple[str, ...]:
+    """The NVIDIA device nodes a CUDA worker opens (``/dev/nvidia*``, the uvm and caps nodes)."""
+    found = [str(p) for p in sorted(Path("/dev").glob("nvidia*")) if not p.is_dir()]
+    caps = Path("/dev/nvidia-caps")
+    found += [str(p) for p in sorted(caps.glob("*"))] if caps.is_dir() else []
+    return tuple(found)
+
+
+def _sys_paths(device: str) -> tuple[str, ...]:
+    """``/sys`` parts a worker reads: none on x86-64 CPUs (torch needs none there);
+
+    the CPU topology elsewhere (cpuinfo reads it on ARM); all of ``/sys`` read-only
+    for CUDA (the driver and NVML walk the PCI tree).
+    """
+    if device == "cuda":
+        return ("/sys",)
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ("/sys/devices/system/cpu",)
+    return ()
 
 
 def _scrubbed_env(threads: int, home: str) -> dict[str, str]:
@@ -166,60 +215,61 @@ class WorkerProcess:
         cls,
         *,
         workdir: Path,
-        sandboxed: bool,
+        role: Literal["reference", "candidate"],
         limits: SandboxLimits,
-        submission: Path | None = None,
+        program: Path,
         uid: int | None = None,
-        hide: tuple[Path, ...] = (),
+        device: str = "cpu",
     ) -> WorkerProcess:
-        """Starts a worker; ``sandboxed`` puts it in the candidate jail with ``submission``."""
+        """Starts a worker for ``role``, with ``program`` (problem or submission) in its workdir.
+
+        Where namespaces work, both roles run in a jail (`worker_jail`); the
+        candidate with ``limits``, the reference without. Otherwise the candidate
+        gets resource limits only and the reference runs as a plain process.
+        """
         to_read, to_write = os.pipe()
         from_read, from_write = os.pipe()
-        worker = [
-            sys.executable,
-            "-I",
-            "-m",
-            "agentinfra.environments.kernels._worker",
-            str(to_read),
-            str(from_write),
-        ]
-        mode: SandboxMode = probe_sandbox_mode() if sandboxed else "none"
-        stderr_path = workdir / ("candidate.stderr" if sandboxed else "reference.stderr")
-        env = _scrubbed_env(
-            limits.threads, "/tmp/work" if mode in ("namespaces+uid", "userns") else str(workdir)
-        )
-        if mode in ("namespaces+uid", "userns"):
-            config = {
-                "uid": uid if mode == "namespaces+uid" and uid is not None else 0,
-                "submission": str(submission),
-                "needed_paths": _needed_paths(),
-                "hide_paths": [str(p) for p in hide],
-                "memory_limit_bytes": limits.memory_limit_bytes,
-                "max_processes": limits.max_processes,
-                "cpu_limit_s": limits.cpu_limit_s,
-                "cpus": list(limits.cpus),
-                "env": env,
-            }
-            flags = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-            command = ["unshare", *flags, "--pid", "--fork", "--kill-child", "--net", "--mount", "--mount-proc",
-                       "--propagation", "private", sys.executable, "-I", "-m", "agentinfra.environments.kernels._jail",
-                       json.dumps(config), "--", *worker]  # fmt: skip
-            preexec = None
-        elif mode == "rlimits-only":
-            command = worker
-            preexec = _rlimits_preexec(limits)
+        fds = (str(to_read), str(from_write))
+        probed = probe_sandbox_mode()
+        jailed = probed in ("namespaces+uid", "userns")
+        mode: SandboxMode = probed if jailed or role == "candidate" else "none"
+        stderr_path = workdir / f"{role}.stderr"
+        env = _scrubbed_env(limits.threads, JAILED_WORKDIR if jailed else str(workdir))
+        preexec = None
+        if jailed:
+            jail = worker_jail(
+                argv_tail=fds, env=env, uid=uid if uid is not None else 0, program=program,
+                limits=limits if role == "candidate" else None, cpus=limits.cpus, device=device,
+            )  # fmt: skip
+            command = jail.command(mode)
         else:
-            command = worker
-            preexec = _affinity_preexec(limits.cpus)
+            shutil.copyfile(program, workdir / program.name)
+            command = [sys.executable, "-I", "-m", _WORKER_MODULE, *fds]
+            preexec = (
+                _rlimits_preexec(limits) if role == "candidate" else _affinity_preexec(limits.cpus)
+            )
+            env = (
+                {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+                if role == "reference"
+                else env
+            )
         with open(stderr_path, "wb") as stderr:
             process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, pass_fds=(to_read, from_write),
-                cwd=str(workdir), env=env if mode != "none" else {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                preexec_fn=preexec, start_new_session=True,
+                cwd=str(workdir), env=env, preexec_fn=preexec, start_new_session=True,
             )  # fmt: skip
         os.close(to_read)
         os.close(from_write)
         return cls(process, to_write, from_read, mode, uid, stderr_path)
+
+    def program_path(self, program: Path) -> str:
+        """Where the worker finds ``program`` (``/tmp/work/NAME`` inside a jail, else its workdir)."""
+        folder = (
+            JAILED_WORKDIR
+            if self.mode in ("namespaces+uid", "userns")
+            else str(self.stderr_path.parent)
+        )
+        return f"{folder}/{program.name}"
 
     def request(
         self,

@@ -31,6 +31,10 @@ class Provenance(BaseModel):
     submission_sha256: str
 
 
+ERROR_LIMIT = 4000
+"""The most characters of a verdict's ``error`` (its head and tail are kept)."""
+
+
 class Verdict(BaseModel):
     """The graded result of one submission on one problem."""
 
@@ -46,6 +50,9 @@ class Verdict(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     provenance: Provenance
     error: str | None = None
+    """Why grading stopped. It may quote the candidate's own stderr and exception text, which agents
+    need to debug: that part is candidate-controlled (anything the candidate could read, it can
+    print), capped at `ERROR_LIMIT` characters, and never trusted: show it, never parse it."""
 
     @property
     def is_passed(self) -> bool:

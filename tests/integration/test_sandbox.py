@@ -1,0 +1,208 @@
+"""The jail (`agentinfra.sandbox`): a minimal root, no capabilities, nothing of the host outside the allowlist.
+
+Real namespaces and real mounts; each jail here runs a short Python program
+that reports what it can see as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentinfra.sandbox import (
+    JailLimits,
+    JailSpec,
+    probe_sandbox_mode,
+    python_runtime_paths,
+    system_library_paths,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODE = probe_sandbox_mode()
+pytestmark = pytest.mark.skipif(
+    MODE not in ("namespaces+uid", "userns"), reason="no namespaces on this machine"
+)
+UID = 259_123
+RUNTIME = python_runtime_paths(("xxhash",)) + system_library_paths()
+
+REPORT = """
+import json, os, socket, sys
+secrets_ = json.loads(sys.argv[1])
+readable = []
+for path in secrets_:
+    try:
+        with open(path, 'rb') as handle:
+            handle.read(1)
+        readable.append(path)
+    except OSError:
+        pass
+status = dict(line.split(':', 1) for line in open('/proc/self/status').read().splitlines() if ':' in line)
+def writable(path):
+    try:
+        with open(path, 'w') as handle:
+            handle.write('x')
+        return True
+    except OSError:
+        return False
+try:
+    socket.create_connection(('127.0.0.1', int(sys.argv[2])), timeout=2).close()
+    network = True
+except OSError:
+    network = False
+print(json.dumps({
+    'root': sorted(os.listdir('/')), 'etc': sorted(os.listdir('/etc')), 'dev': sorted(os.listdir('/dev')),
+    'readable': readable, 'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),
+    'cap_eff': status['CapEff'].strip(), 'cap_bnd': status['CapBnd'].strip(), 'cap_inh': status['CapInh'].strip(),
+    'no_new_privs': status['NoNewPrivs'].strip(), 'cwd': os.getcwd(),
+    'copied': open('given.txt').read(), 'copied_owner': os.stat('given.txt').st_uid,
+    'write_tmp': writable('/tmp/work/out.txt'), 'write_root': writable('/new.txt'),
+    'write_runtime': writable(sys.executable + '.new'), 'network': network,
+    'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
+    'limits': open('/proc/self/limits').read(),
+    'files': open('/opt/tool/generated.txt').read(),
+}))
+"""
+
+
+@pytest.fixture
+def planted() -> Iterator[list[Path]]:
+    """Secret files where a grading host keeps them: the checkout, another run, a home, /srv, /mnt."""
+    token = secrets.token_hex(4)
+    folders = [
+        ROOT / "runs" / f"jail-test-{token}" / "submissions",
+        ROOT / "runs" / f"jail-test-{token}" / "evaluations",
+        Path("/home") / f"jail-test-{token}",
+        Path("/srv") / f"jail-test-{token}",
+        Path("/mnt") / f"jail-test-{token}",
+        Path("/opt") / f"jail-test-{token}",
+    ]
+    files = [ROOT / "pyproject.toml", Path(sys.prefix) / "bin" / "pip"]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / "secret.txt").write_text("secret")
+        files.append(folder / "secret.txt")
+    try:
+        yield files
+    finally:
+        shutil.rmtree(ROOT / "runs" / f"jail-test-{token}", ignore_errors=True)
+        for folder in folders[2:]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_jail(tmp_path: Path, planted: list[Path], **changes: object) -> dict[str, object]:
+    given = tmp_path / "given.txt"
+    given.write_text("handed in")
+    server = socket.create_server(("127.0.0.1", 0))
+    spec = JailSpec(
+        argv=(sys.executable, "-I", "-c", REPORT, json.dumps([str(p) for p in planted]),
+              str(server.getsockname()[1])),
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+        uid=UID,
+        ro_paths=RUNTIME,
+        files=(("/opt/tool/generated.txt", "generated"),),
+        copy_in=((str(given), "given.txt"),),
+        limits=JailLimits(memory_bytes=2 << 30, max_processes=16, cpu_s=30),
+        **changes,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
+        )
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_jail_root_holds_only_the_allowlist(tmp_path: Path, planted: list[Path]) -> None:
+    for path in planted:
+        assert path.exists(), f"{path} should be readable outside the jail"
+    seen = run_jail(tmp_path, planted)
+    allowed_tops = {p.split("/")[1] for p in RUNTIME} | {"dev", "etc", "proc", "tmp", "opt"}
+    assert set(seen["root"]) <= allowed_tops, seen["root"]  # type: ignore[arg-type]
+    assert "home" not in seen["root"]
+    assert "srv" not in seen["root"]
+    assert "mnt" not in seen["root"]
+    assert seen["readable"] == [], "host files visible in the jail"
+    assert seen["etc"] == ["group", "ld.so.cache", "passwd"]
+    assert seen["dev"] == [
+        "fd",
+        "full",
+        "null",
+        "random",
+        "shm",
+        "stderr",
+        "stdin",
+        "stdout",
+        "urandom",
+        "zero",
+    ]
+    assert seen["files"] == "generated"
+    assert seen["pids"] == [1], "the jail's pid namespace holds only its own program"
+    assert not seen["network"]
+
+
+def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path]) -> None:
+    seen = run_jail(tmp_path, planted)
+    expected_uid = UID if MODE == "namespaces+uid" else 0
+    assert (seen["uid"], seen["gid"]) == (expected_uid, expected_uid)
+    assert seen["groups"] == [] or MODE == "userns"
+    assert seen["cap_eff"] == seen["cap_bnd"] == seen["cap_inh"] == "0000000000000000"
+    assert seen["no_new_privs"] == "1"
+    assert (seen["cwd"], seen["copied"], seen["copied_owner"]) == (
+        "/tmp/work",
+        "handed in",
+        expected_uid,
+    )
+    assert seen["write_tmp"]
+    assert not seen["write_root"]
+    assert not seen["write_runtime"]
+    limits = str(seen["limits"])
+    assert "Max address space         2147483648" in limits
+    assert "Max processes             16" in limits
+    assert "Max core file size        0" in limits
+
+
+def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    spec = JailSpec(
+        argv=(sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w')"),
+        env={}, uid=UID, ro_paths=RUNTIME, copy_in=((str(tmp_path / "missing.py"), "x.py"),),
+    )  # fmt: skip
+    done = subprocess.run(
+        spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 125
+    assert done.stderr.startswith("agentinfra jail: ")
+    assert "missing.py" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not marker.exists()
+
+
+def test_a_jail_needs_namespaces() -> None:
+    spec = JailSpec(argv=("true",), env={}, uid=UID, ro_paths=())
+    with pytest.raises(ValueError, match="rlimits-only"):
+        spec.command("rlimits-only")
+
+
+def test_the_python_runtime_is_the_interpreter_and_the_named_distributions_only() -> None:
+    paths = python_runtime_paths(("xxhash",))
+    site = [p for p in paths if "-packages" in p]
+    assert site
+    assert all("xxhash" in Path(p).name for p in site), site
+    assert os.path.realpath(sys.executable) in paths
+    assert not any(p.startswith(str(ROOT / "src")) for p in paths)
+    torch_paths = python_runtime_paths(("torch",))
+    names = {Path(p).name.split("-")[0] for p in torch_paths if "-packages" in p}
+    assert {"torch", "sympy", "filelock"} <= names  # declared dependencies follow
+    assert "openai" not in names
+    assert "pydantic" not in names
