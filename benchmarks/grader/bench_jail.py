@@ -55,8 +55,10 @@ def worker_start(
 ) -> tuple[float, float]:
     _spec._PROBED["mode"] = mode  # type: ignore[assignment]
     start = time.perf_counter()
+    workdir = folder / f"worker-{time.monotonic_ns()}"
+    workdir.mkdir()
     worker = WorkerProcess.start(
-        workdir=folder, role="candidate", limits=limits, program=problem, uid=259_999
+        workdir=workdir, role="candidate", limits=limits, program=problem, uid=259_999
     )
     try:
         worker.receive(timeout_s=60)

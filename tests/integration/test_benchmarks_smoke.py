@@ -62,3 +62,31 @@ def test_false_flag_benchmark_smoke() -> None:
     assert summary["gradings"] == 2
     assert summary["outcomes"] == {"passed": 2}, summary["not_passed"]
     assert out.returncode == 0
+
+
+@pytest.mark.slow
+def test_jail_benchmark_smoke() -> None:
+    from agentinfra.sandbox import probe_sandbox_mode
+
+    if probe_sandbox_mode() not in ("namespaces+uid", "userns"):
+        pytest.skip("no namespaces on this machine")
+    out = subprocess.run(
+        [sys.executable, "bench_jail.py", "--smoke"],
+        cwd=ROOT / "benchmarks" / "grader", capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    records = {r["timing"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert records["jail build (jailed - plain)"]["median_ms"] > 0
+    assert records["worker, jailed: start to loaded (torch imported)"]["median_ms"] > 0
+
+
+@pytest.mark.slow
+def test_cheat_benchmark_smoke() -> None:
+    out = subprocess.run(
+        [sys.executable, "bench_cheats.py", "--smoke"],
+        cwd=ROOT / "benchmarks" / "grader", capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(records) == 2
+    assert all(r["outcome"] != "passed" for r in records), records

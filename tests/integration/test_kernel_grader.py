@@ -75,6 +75,9 @@ def test_honest_submissions_pass(submission: str, problem: str) -> None:
     assert verdict.speedup_ci[0] <= verdict.speedup <= verdict.speedup_ci[1]
     assert verdict.baseline_ms
     assert verdict.candidate_ms
+    assert verdict.utilisation is not None
+    assert verdict.utilisation.roofline_fraction > 0
+    assert verdict.utilisation.bytes_per_s > 0
     if problem.startswith(("10_", "11_")):
         assert verdict.speedup >= 5, (
             f"genuine speedup on an inefficient reference: {verdict.speedup:.2f}"

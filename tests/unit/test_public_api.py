@@ -156,6 +156,7 @@ EXPECTED: dict[str, list[str]] = {
         "ProblemMeta",
         "Provenance",
         "SCORE",
+        "Utilisation",
         "Verdict",
         "evaluation_of",
         "grade",

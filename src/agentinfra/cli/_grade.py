@@ -34,6 +34,14 @@ def _show(verdict: Verdict) -> None:
             f"speedup {verdict.speedup:.2f}x (95% CI {low:.2f}-{high:.2f}); "
             f"candidate {verdict.candidate_ms:.4f} ms, baseline {verdict.baseline_ms:.4f} ms"
         )
+    if verdict.utilisation is not None:
+        use = verdict.utilisation
+        flops = f"{use.flops_per_s / 1e9:.1f} GFLOP/s, " if use.flops_per_s is not None else ""
+        console.print(
+            f"utilisation {use.roofline_fraction:.0%} of the {use.bound} roof: {flops}"
+            f"{use.bytes_per_s / 1e9:.1f} GB/s ({use.bytes_source}); peaks "
+            f"{use.peak_flops_per_s / 1e9:.1f} GFLOP/s, {use.peak_bytes_per_s / 1e9:.1f} GB/s"
+        )
     if verdict.error:
         console.print(f"error: {verdict.error}", highlight=False)
     if verdict.findings:

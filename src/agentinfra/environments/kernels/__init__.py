@@ -20,7 +20,13 @@ from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import probe_sandbox_mode
 from agentinfra.environments.kernels._static import static_findings
-from agentinfra.environments.kernels._verdict import Finding, Outcome, Provenance, Verdict
+from agentinfra.environments.kernels._verdict import (
+    Finding,
+    Outcome,
+    Provenance,
+    Utilisation,
+    Verdict,
+)
 
 __all__ = [
     "AGENT_VISIBLE_SEED",
@@ -34,6 +40,7 @@ __all__ = [
     "ProblemMeta",
     "Provenance",
     "SCORE",
+    "Utilisation",
     "Verdict",
     "evaluation_of",
     "grade",

@@ -65,7 +65,8 @@ def evaluation_of(verdict: Verdict) -> Evaluation:
         score_unit=SCORE.unit, score_ci=verdict.speedup_ci, findings=list(verdict.findings),
         provenance=verdict.provenance.model_dump(mode="json"), error=verdict.error,
         details={"speedup": verdict.speedup, "candidate_ms": verdict.candidate_ms,
-                 "baseline_ms": verdict.baseline_ms, "verdict_schema_version": verdict.schema_version},
+                 "baseline_ms": verdict.baseline_ms, "verdict_schema_version": verdict.schema_version,
+                 "utilisation": verdict.utilisation.model_dump(mode="json") if verdict.utilisation else None},
     )  # fmt: skip
 
 

@@ -104,6 +104,7 @@ from agentinfra.environments.kernels._verdict import (
     Finding,
     Outcome,
     Provenance,
+    Utilisation,
     Verdict,
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
@@ -248,6 +249,8 @@ class _Grading:
         self._cpu_windows: list[tuple[float, float, bool]] = []
         self._idle_windows: list[tuple[float, float, bool]] = []
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
+        self.utilisation: Utilisation | None = None
+        self._io_bytes = 0
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
@@ -483,6 +486,7 @@ class _Grading:
             {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
         )
         entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
+        self._io_bytes = entry_bytes
         reference_s = self._time_single(probe)
         per_batch = max(1, min(16, int(_TARGET_BATCH_S / max(reference_s, 1e-6))))
         pairs = self.options.timing_pairs
@@ -741,6 +745,7 @@ class _Grading:
             floor = max(floor, self.meta.flops / peaks["flops_per_s"])
         if self.meta.bytes and peaks.get("bytes_per_s"):
             floor = max(floor, self.meta.bytes / peaks["bytes_per_s"])
+        self.utilisation = _utilisation(self.meta, peaks, candidate, self._io_bytes)
         if floor and candidate < 0.5 * floor:
             self._add(
                 Finding(
@@ -792,6 +797,7 @@ class _Grading:
             outcome=outcome, correct=self.correct and stop is None and not any(f.check == "audit" for f in self.findings),
             speedup=timing.get("speedup"), speedup_ci=timing.get("speedup_ci"), candidate_ms=timing.get("candidate_ms"),
             baseline_ms=timing.get("baseline_ms"), findings=self.findings, provenance=self.provenance(),
+            utilisation=self.utilisation if timing else None,
             error=_capped(stop.error) if stop else None,
         )  # fmt: skip
 
@@ -818,6 +824,30 @@ class _Grading:
         finally:
             self.close()
         return self.verdict(stop)
+
+
+def _utilisation(
+    meta: ProblemMeta, peaks: dict[str, float], seconds: float, io_bytes: int
+) -> Utilisation | None:
+    """The roofline position of one call taking ``seconds`` (see `Utilisation`)."""
+    peak_flops, peak_bytes = peaks.get("flops_per_s", 0.0), peaks.get("bytes_per_s", 0.0)
+    if seconds <= 0 or peak_flops <= 0 or peak_bytes <= 0:
+        return None
+    work_bytes = meta.bytes if meta.bytes else float(io_bytes)
+    intensity = meta.flops / work_bytes if meta.flops and work_bytes else None
+    roof = min(peak_flops, intensity * peak_bytes) if intensity is not None else peak_bytes
+    achieved = (
+        meta.flops / seconds if meta.flops and intensity is not None else work_bytes / seconds
+    )
+    return Utilisation(
+        flops_per_s=meta.flops / seconds if meta.flops else None, bytes_per_s=work_bytes / seconds,
+        bytes_source="problem" if meta.bytes else "estimate: inputs + output",
+        peak_flops_per_s=peak_flops, peak_bytes_per_s=peak_bytes,
+        flops_fraction=meta.flops / seconds / peak_flops if meta.flops else None,
+        bytes_fraction=work_bytes / seconds / peak_bytes, arithmetic_intensity=intensity,
+        bound="compute" if intensity is not None and intensity * peak_bytes >= peak_flops else "memory",
+        roofline_fraction=achieved / roof,
+    )  # fmt: skip
 
 
 def _capped(error: str) -> str:

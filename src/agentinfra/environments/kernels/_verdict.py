@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentinfra.environments import Finding, Outcome, Severity
 
-__all__ = ["Finding", "Outcome", "Provenance", "Severity", "Verdict"]
+__all__ = ["Finding", "Outcome", "Provenance", "Severity", "Utilisation", "Verdict"]
 
 
 class Provenance(BaseModel):
@@ -29,6 +29,34 @@ class Provenance(BaseModel):
     sandbox: str
     problem_sha256: str
     submission_sha256: str
+
+
+class Utilisation(BaseModel):
+    """How close the candidate's median call came to this machine's peaks: its roofline position.
+
+    Work per call comes from the problem's ``flops`` and ``bytes`` metadata; where
+    ``bytes`` is absent it is estimated as the inputs read plus the output written
+    once (``bytes_source`` says which). Peaks are the reference worker's own
+    measurements on this machine and device (a large matmul; a large copy).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    flops_per_s: float | None
+    bytes_per_s: float
+    bytes_source: Literal["problem", "estimate: inputs + output"]
+    peak_flops_per_s: float
+    peak_bytes_per_s: float
+    flops_fraction: float | None
+    """Achieved FLOP/s over the peak FLOP/s (None without a FLOP count)."""
+    bytes_fraction: float
+    """Achieved bytes/s over the peak bandwidth."""
+    arithmetic_intensity: float | None
+    """FLOPs per byte (None without a FLOP count)."""
+    bound: Literal["compute", "memory"]
+    """Which roof limits a kernel of this intensity on this machine (memory without a FLOP count)."""
+    roofline_fraction: float
+    """Achieved throughput over the roof at this intensity: 1.0 is the hardware limit."""
 
 
 ERROR_LIMIT = 4000
@@ -48,6 +76,8 @@ class Verdict(BaseModel):
     candidate_ms: float | None = None
     baseline_ms: float | None = None
     findings: list[Finding] = Field(default_factory=list)
+    utilisation: Utilisation | None = None
+    """The candidate's roofline position; present when its speed was measured."""
     provenance: Provenance
     error: str | None = None
     """Why grading stopped. It may quote the candidate's own stderr and exception text, which agents

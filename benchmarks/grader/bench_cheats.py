@@ -1,0 +1,48 @@
+"""Every cheat in the corpus graded once: its outcome, score and blocking checks.
+
+    python benchmarks/grader/bench_cheats.py [--smoke]
+
+Run it on two revisions to show that a change to the sandbox or the protocol
+leaves the corpus's outcomes as they were. Prints one JSON line per cheat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from agentinfra.environments.kernels import GradeOptions, grade
+
+ROOT = Path(__file__).resolve().parents[2]
+CHEATS = ROOT / "tests" / "fixtures" / "kernels" / "cheats"
+PROBLEMS = ROOT / "examples" / "kernels" / "problems"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument(
+        "--cheats", type=Path, default=CHEATS, help="folder of cheats (another checkout's)"
+    )
+    args = parser.parse_args()
+    cheats = sorted(args.cheats.glob("*.py"))[: 2 if args.smoke else None]
+    options = GradeOptions(timeout_s=60, timing_pairs=6)
+    for cheat in cheats:
+        match = re.search(r"# problem: (\S+)", cheat.read_text())
+        if match is None:
+            sys.exit(f"bench_cheats: {cheat} names no problem (a '# problem: NAME' line)")
+        start = time.perf_counter()
+        verdict = grade(PROBLEMS / f"{match.group(1)}.py", cheat, options)
+        print(json.dumps({
+            "cheat": cheat.stem, "outcome": verdict.outcome.value, "speedup": verdict.speedup,
+            "blocking": sorted({f.check for f in verdict.blocking()}),
+            "wall_s": round(time.perf_counter() - start, 1),
+        }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
