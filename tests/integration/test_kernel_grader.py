@@ -227,7 +227,7 @@ def test_a_kernel_copied_from_another_run_gets_no_passing_verdict(other_run: Pat
         pytest.skip("no namespaces on this machine")
     cheat = CHEATS / "copy_other_run.py"
     namespace: dict[str, object] = {}
-    finder = cheat.read_text().split("_COPIES = find_kernels()")[0]
+    finder = cheat.read_text().split("_COPIES = ")[0]
     exec(
         compile(finder, str(cheat), "exec"), namespace
     )  # the cheat's own search, run outside the jail
