@@ -97,6 +97,7 @@ from agentinfra.environments.kernels._sandbox import (
     WorkerDiedError,
     WorkerProcess,
     WorkerTimeoutError,
+    probe_sandbox_mode,
 )
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
@@ -285,12 +286,32 @@ class _Grading:
             cpus=self.cpus,
         )
 
-    def start_reference(self) -> dict[str, Any]:
-        problem = self.private / "problem.py"
+    def spawn_workers(self) -> None:
+        """Starts both worker processes at once: their interpreter and torch start-ups overlap.
+
+        A submission that signals processes is refused first where no namespaces
+        could contain it (``rlimits-only``): it is never started.
+        """
+        if probe_sandbox_mode() == "rlimits-only" and any(
+            f.severity == "block" and f.check in ("signals", "early_exit") for f in self.findings
+        ):
+            raise _StopGradingError(
+                Outcome.HACK_FLAGGED,
+                "not run: it signals processes and this machine has no namespaces to contain it",
+            )
         self.reference = WorkerProcess.start(
-            workdir=self.private / "reference", role="reference", limits=self._limits(), program=problem,
-            uid=self._reserve_uid(), device=self.options.device,
+            workdir=self.private / "reference", role="reference", limits=self._limits(),
+            program=self.private / "problem.py", uid=self._reserve_uid(), device=self.options.device,
         )  # fmt: skip
+        self.candidate = WorkerProcess.start(
+            workdir=self.private / "candidate", role="candidate", limits=self._limits(),
+            program=self.private / "submission.py", uid=self._reserve_uid(), device=self.options.device,
+        )  # fmt: skip
+        self.deadline = time.monotonic() + self.options.timeout_s
+
+    def start_reference(self) -> dict[str, Any]:
+        assert self.reference is not None
+        problem = self.private / "problem.py"
         self._reference_call({"op": "hello"}, receive_only=True)
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self._reference_call(
@@ -327,19 +348,8 @@ class _Grading:
         return frame
 
     def start_candidate(self, loaded: dict[str, Any]) -> None:
+        assert self.candidate is not None
         submission = self.private / "submission.py"
-        self.candidate = WorkerProcess.start(
-            workdir=self.private / "candidate", role="candidate", limits=self._limits(), program=submission,
-            uid=self._reserve_uid(), device=self.options.device,
-        )  # fmt: skip
-        self.deadline = time.monotonic() + self.options.timeout_s
-        if self.candidate.mode == "rlimits-only" and any(
-            f.severity == "block" and f.check in ("signals", "early_exit") for f in self.findings
-        ):
-            raise _StopGradingError(
-                Outcome.HACK_FLAGGED,
-                "not run: it signals processes and this machine has no namespaces to contain it",
-            )
         if self.candidate.mode == "rlimits-only":
             self._add(
                 Finding(
@@ -814,6 +824,7 @@ class _Grading:
         stop: _StopGradingError | None = None
         try:
             self.prepare()
+            self.spawn_workers()
             loaded = self.start_reference()
             self.start_candidate(loaded)
             self.check_correctness()

@@ -333,12 +333,23 @@ class WorkerProcess:
         return CpuSample(coarse, precise, frozenset(threads))
 
     def kill(self) -> None:
-        """Kills the worker and everything it started; reaps it."""
-        for pid in reversed(_descendants(self.process.pid)):
+        """Kills the worker and everything it started; reaps it.
+
+        In a jail the ``unshare`` parent is left alive until it has reaped the
+        jail's pid 1 and exited by itself: killing it too would orphan that
+        zombie to the machine's init, which may reap slowly (here about once a
+        second, which cost 1.7 s per worker), and the uid sweep below waits for it.
+        """
+        jailed = self.mode in ("namespaces+uid", "userns")
+        tree = _descendants(self.process.pid)
+        for pid in reversed(tree[1:] if jailed else tree):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=2 if jailed else 0)
+        if not jailed or self.process.poll() is None:  # the session: anything that left the tree
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
         if self.uid is not None and self.mode == "namespaces+uid":

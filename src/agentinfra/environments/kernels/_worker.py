@@ -292,6 +292,7 @@ def serve(fd_in: int, fd_out: int) -> None:
         "fetch": worker.fetch,
         "peaks": worker.peaks,
     }
+    _torch()  # imported before hello, so the supervisor can start both workers' imports at once
     writer.write(encode_frame({"ok": True, "op": "hello", "pid": os.getpid()}))
     while True:
         try:
