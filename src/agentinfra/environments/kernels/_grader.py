@@ -511,11 +511,15 @@ class _Grading:
         entries, expected = self._build_pool(pool_size)
         tensors = [t for entry in entries for t in entry[1]]
         encoded = self._reindex([e[0] for e in entries])
-        for worker_call in (
-            self._reference_call,
-            lambda h, t: self._candidate_call(h, t, phase="pool"),
-        ):
-            worker_call({"op": "pool", "entries": encoded}, tensors)
+        # The reference kept the inputs it generated (decoded from the same bytes): only the
+        # candidate's copy crosses a pipe.
+        pooled = self._reference_call({"op": "pool", "kept": True})
+        if pooled.header.get("size") != pool_size:
+            raise _StopGradingError(
+                Outcome.GRADER_ERROR,
+                f"reference pool has {pooled.header.get('size')} entries, not {pool_size}",
+            )
+        self._candidate_call({"op": "pool", "entries": encoded}, tensors, phase="pool")
         order = list(range(pool_size))
         self.rng.shuffle(order)
         overhead_ref = self._empty_overhead(reference=True)
@@ -564,8 +568,9 @@ class _Grading:
         expected: list[TensorBytes] = []
         for _ in range(size):
             gen = self._reference_call(
-                {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
-            )
+                {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {},
+                 "keep": True}
+            )  # fmt: skip
             entries.append((gen.header["inputs"], gen.tensors[:-1]))
             expected.append(gen.tensors[-1])
         return entries, expected

@@ -8,7 +8,8 @@ compares output bytes itself, times batches with its own clock and audits
 committed output hashes.
 
 Commands: ``load`` (build the model), ``gen`` (reference only: inputs and the
-expected output for a seed and variant), ``call`` (one call on given inputs),
+expected output for a seed and variant; with ``keep`` the reference also keeps
+the inputs for a later ``pool`` with ``kept``), ``call`` (one call on given inputs),
 ``pool`` (store timing inputs), ``batch`` (timed calls, answers with a hash of
 each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
 FLOP/s and bandwidth), ``exit``.
@@ -106,6 +107,8 @@ class Worker:
         self.module: Any = None
         self.model: Any = None
         self.pool: list[list[Any]] = []
+        self.kept: list[tuple[Any, list[TensorBytes]]] = []
+        """Inputs of ``gen`` calls marked ``keep`` (encoded), for a ``pool`` built from them."""
         self.last_outputs: list[Any] = []
         self.scratch: Any = None
 
@@ -187,6 +190,8 @@ class Worker:
         self._sync()
         tensors: list[TensorBytes] = []
         encoded = encode_values(inputs, tensors)
+        if header.get("keep"):
+            self.kept.append((encoded, list(tensors)))
         finite = bool(torch.isfinite(output).all()) if output.is_floating_point() else True
         tensors.append(tensor_to_bytes(output))
         return {"inputs": encoded, "finite": finite}, tensors
@@ -207,9 +212,16 @@ class Worker:
         return {"output_type": kind, "inputs_after": after}, [tensor_to_bytes(output)]
 
     def store_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
-        self.pool = [
-            decode_values(entry, frame.tensors, self.device) for entry in frame.header["entries"]
-        ]
+        if frame.header.get(
+            "kept"
+        ):  # the reference's own kept inputs, decoded as a shipped pool is
+            self.pool = [decode_values(entry, tensors, self.device) for entry, tensors in self.kept]
+            self.kept = []
+        else:
+            self.pool = [
+                decode_values(entry, frame.tensors, self.device)
+                for entry in frame.header["entries"]
+            ]
         return {"size": len(self.pool)}, []
 
     def batch(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
