@@ -69,6 +69,7 @@ print(json.dumps({
     'pids': sorted(int(p) for p in os.listdir('/proc') if p.isdigit()),
     'limits': open('/proc/self/limits').read(),
     'files': open('/opt/tool/generated.txt').read(),
+    'allowed_under_tmp': open(sys.argv[3]).read(),
 }))
 """
 
@@ -101,13 +102,15 @@ def planted() -> Iterator[list[Path]]:
 def run_jail(tmp_path: Path, planted: list[Path], **changes: object) -> dict[str, object]:
     given = tmp_path / "given.txt"
     given.write_text("handed in")
+    allowed = tmp_path / "allowed.txt"  # under the host's /tmp, as a checkout or venv may be
+    allowed.write_text("allowlisted")
     server = socket.create_server(("127.0.0.1", 0))
     spec = JailSpec(
         argv=(sys.executable, "-I", "-c", REPORT, json.dumps([str(p) for p in planted]),
-              str(server.getsockname()[1])),
+              str(server.getsockname()[1]), str(allowed)),
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
         uid=UID,
-        ro_paths=RUNTIME,
+        ro_paths=(*RUNTIME, str(allowed)),
         files=(("/opt/tool/generated.txt", "generated"),),
         copy_in=((str(given), "given.txt"),),
         limits=JailLimits(memory_bytes=2 << 30, max_processes=16, cpu_s=30),
@@ -147,6 +150,7 @@ def test_the_jail_root_holds_only_the_allowlist(tmp_path: Path, planted: list[Pa
         "zero",
     ]
     assert seen["files"] == "generated"
+    assert seen["allowed_under_tmp"] == "allowlisted"
     assert seen["pids"] == [1], "the jail's pid namespace holds only its own program"
     assert not seen["network"]
 

@@ -204,6 +204,16 @@ def build_root(config: dict[str, Any]) -> None:
     top = _pick_top(_real_sources(config))
     _mount("tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=16m")
     root = _Root(top)
+    # The private /tmp first: allowlisted paths that live under /tmp (a checkout or a
+    # virtual environment there) are then bound on top of it instead of being hidden.
+    root.mkdir("/tmp")
+    _mount(
+        "tmpfs",
+        root.inside("/tmp"),
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV,
+        f"mode=1777,size={int(config['tmp_bytes'])}",
+    )
     for path in config["ro_paths"]:
         root.mirror(str(path))
     for source, target in config["binds"]:
@@ -238,14 +248,6 @@ def build_root(config: dict[str, Any]) -> None:
     for path in config["sys_paths"]:
         if os.path.exists(str(path)):
             root.bind(str(path), str(path))
-    root.mkdir("/tmp")
-    _mount(
-        "tmpfs",
-        root.inside("/tmp"),
-        "tmpfs",
-        _MS_NOSUID | _MS_NODEV,
-        f"mode=1777,size={int(config['tmp_bytes'])}",
-    )
     root.mkdir(workdir, mode=0o700)
     os.chown(root.inside(workdir), uid, uid)
     for data, name in copies:
