@@ -38,7 +38,7 @@ system-deps-demo:
 
 demo: system-deps-demo $(VENV)/.installed
 	$(BIN)/agentinfra info
-	@echo "== grading an honest 20x speedup on an inefficient reference"
+	@echo "== grading an honest kernel on an inefficient reference (measured 12-20x on a 2-core machine)"
 	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
 	@echo "== grading a cheat that is honest only while it thinks it is being checked"
 	$(BIN)/agentinfra grade examples/kernels/problems/10_slow_rowwise_softmax.py tests/fixtures/kernels/cheats/call_counting.py
