@@ -47,6 +47,7 @@ _MS_REMOUNT = 32
 _MS_NOATIME = 1024
 _MS_NODIRATIME = 2048
 _MS_BIND = 4096
+_MS_REC = 16384
 _MS_RELATIME = 1 << 21
 _MNT_DETACH = 2
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
@@ -243,8 +244,8 @@ def build_root(config: dict[str, Any]) -> None:
         _mount("proc", root.inside("/proc"), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     except JailSetupError:
         _mount(
-            "/proc", root.inside("/proc"), None, _MS_BIND | 16384
-        )  # MS_REC: the caller's own pid ns
+            "/proc", root.inside("/proc"), None, _MS_BIND | _MS_REC
+        )  # the caller's own pid namespace
     for path in config["sys_paths"]:
         if os.path.exists(str(path)):
             root.bind(str(path), str(path))
@@ -302,10 +303,10 @@ def main() -> None:
         os.sched_setaffinity(0, config["cpus"])
         _set_limits(config["limits"])
         drop_privileges(int(config["uid"]))
+        os.execve(program[0], program, config["env"])
     except (JailSetupError, OSError) as exc:
         print(f"agentinfra jail: {exc}", file=sys.stderr)
         sys.exit(125)
-    os.execve(program[0], program, config["env"])
 
 
 if __name__ == "__main__":

@@ -139,13 +139,14 @@ def python_runtime_paths(distributions: tuple[str, ...]) -> tuple[str, ...]:
     its installed RECORD and followed through ``Requires-Dist`` (extras skipped).
     Nothing else in site-packages, and no other directory of the environment.
     """
-    paths = {sys.executable, os.path.realpath(sys.executable)}
-    for key in ("stdlib", "platstdlib"):
-        stdlib = sysconfig.get_paths()[key]
-        if not os.path.exists(os.path.join(stdlib, "site-packages")) or stdlib.startswith(
-            sys.base_prefix
-        ):
-            paths.add(stdlib)
+    # The jail follows symlinks itself (it recreates them and binds their targets).
+    paths = {sys.executable}
+    # The standard library is the base interpreter's; a venv's platstdlib holds only its site-packages.
+    paths.update(
+        sysconfig.get_paths()[key]
+        for key in ("stdlib", "platstdlib")
+        if sysconfig.get_paths()[key].startswith(sys.base_prefix)
+    )
     if sys.prefix != sys.base_prefix:
         paths.add(os.path.join(sys.prefix, "pyvenv.cfg"))
     library = os.path.join(
@@ -153,7 +154,6 @@ def python_runtime_paths(distributions: tuple[str, ...]) -> tuple[str, ...]:
     )
     if os.path.isfile(library):
         paths.add(library)
-        paths.add(os.path.realpath(library))
     seen: set[str] = set()
     pending = list(distributions)
     while pending:

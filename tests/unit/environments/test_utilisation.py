@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.environments.kernels._grader import _utilisation
+from agentinfra.environments.kernels._grader import _capped, _utilisation
 from agentinfra.environments.kernels._problem import ProblemMeta
+from agentinfra.environments.kernels._verdict import ERROR_LIMIT
 
 PEAKS = {"flops_per_s": 100e9, "bytes_per_s": 10e9}  # ridge point: 10 FLOP per byte
 
@@ -47,3 +48,13 @@ def test_without_metadata_bytes_are_estimated_from_inputs_and_output() -> None:
 
 def test_no_peaks_no_utilisation() -> None:
     assert _utilisation(meta(flops=1.0), {}, 1.0, io_bytes=1) is None
+
+
+def test_a_long_error_keeps_its_head_and_tail_within_the_limit() -> None:
+    error = "head " + "x" * 10_000 + " tail"
+    capped = _capped(error)
+    assert len(capped) <= ERROR_LIMIT
+    assert capped.startswith("head ")
+    assert capped.endswith(" tail")
+    assert "characters cut" in capped
+    assert _capped("short") == "short"

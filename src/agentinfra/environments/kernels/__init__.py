@@ -18,7 +18,6 @@ from agentinfra.environments.kernels._environment import (
 )
 from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade, grade_async
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
-from agentinfra.environments.kernels._sandbox import probe_sandbox_mode
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
     Finding,
@@ -27,6 +26,7 @@ from agentinfra.environments.kernels._verdict import (
     Utilisation,
     Verdict,
 )
+from agentinfra.sandbox import probe_sandbox_mode
 
 __all__ = [
     "AGENT_VISIBLE_SEED",

@@ -97,7 +97,6 @@ from agentinfra.environments.kernels._sandbox import (
     WorkerDiedError,
     WorkerProcess,
     WorkerTimeoutError,
-    probe_sandbox_mode,
 )
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
@@ -110,6 +109,7 @@ from agentinfra.environments.kernels._verdict import (
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
 from agentinfra.errors import ConfigError, TaskEnvironmentError
+from agentinfra.sandbox import probe_sandbox_mode
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
@@ -251,7 +251,6 @@ class _Grading:
         self._idle_windows: list[tuple[float, float, bool]] = []
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
         self.utilisation: Utilisation | None = None
-        self._io_bytes = 0
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
@@ -301,11 +300,11 @@ class _Grading:
             )
         self.reference = WorkerProcess.start(
             workdir=self.private / "reference", role="reference", limits=self._limits(),
-            program=self.private / "problem.py", uid=self._reserve_uid(), device=self.options.device,
+            program=self.private / "problem.py", uid=self._worker_uid(), device=self.options.device,
         )  # fmt: skip
         self.candidate = WorkerProcess.start(
             workdir=self.private / "candidate", role="candidate", limits=self._limits(),
-            program=self.private / "submission.py", uid=self._reserve_uid(), device=self.options.device,
+            program=self.private / "submission.py", uid=self._worker_uid(), device=self.options.device,
         )  # fmt: skip
         self.deadline = time.monotonic() + self.options.timeout_s
 
@@ -372,7 +371,7 @@ class _Grading:
                 Outcome.INVALID, str(reply.header.get("error", "load failed"))[:2000]
             )
 
-    def _reserve_uid(self) -> int:
+    def _worker_uid(self) -> int:
         """A uid for one worker, reserved for this grading's life (`_reserve_uid`)."""
         uid, lock = _reserve_uid()
         self._uid_locks.append(lock)
@@ -496,7 +495,6 @@ class _Grading:
             {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
         )
         entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
-        self._io_bytes = entry_bytes
         reference_s = self._time_single(probe)
         per_batch = max(1, min(16, int(_TARGET_BATCH_S / max(reference_s, 1e-6))))
         pairs = self.options.timing_pairs
@@ -540,7 +538,7 @@ class _Grading:
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
         self._check_cores(empty_windows, self._cpu_windows[warmup:])
         self._check_idle(self._idle_windows[warmup:])
-        self._finish_timing(ref_times, cand_times, peaks)
+        self._finish_timing(ref_times, cand_times, peaks, entry_bytes)
 
     def _peaks(self) -> dict[str, float]:
         key = (self.options.device, self.threads)
@@ -741,7 +739,11 @@ class _Grading:
         )
 
     def _finish_timing(
-        self, ref_times: list[float], cand_times: list[float], peaks: dict[str, float]
+        self,
+        ref_times: list[float],
+        cand_times: list[float],
+        peaks: dict[str, float],
+        io_bytes: int,
     ) -> None:
         baseline = statistics.median(ref_times)
         candidate = statistics.median(cand_times)
@@ -760,7 +762,7 @@ class _Grading:
             floor = max(floor, self.meta.flops / peaks["flops_per_s"])
         if self.meta.bytes and peaks.get("bytes_per_s"):
             floor = max(floor, self.meta.bytes / peaks["bytes_per_s"])
-        self.utilisation = _utilisation(self.meta, peaks, candidate, self._io_bytes)
+        self.utilisation = _utilisation(self.meta, peaks, candidate, io_bytes)
         if floor and candidate < 0.5 * floor:
             self._add(
                 Finding(
@@ -812,7 +814,7 @@ class _Grading:
             outcome=outcome, correct=self.correct and stop is None and not any(f.check == "audit" for f in self.findings),
             speedup=timing.get("speedup"), speedup_ci=timing.get("speedup_ci"), candidate_ms=timing.get("candidate_ms"),
             baseline_ms=timing.get("baseline_ms"), findings=self.findings, provenance=self.provenance(),
-            utilisation=self.utilisation if timing else None,
+            utilisation=self.utilisation,
             error=_capped(stop.error) if stop else None,
         )  # fmt: skip
 

@@ -65,7 +65,6 @@ __all__ = [
     "WorkerDiedError",
     "WorkerProcess",
     "WorkerTimeoutError",
-    "probe_sandbox_mode",
     "worker_jail",
 ]
 
@@ -166,10 +165,11 @@ def _cuda_devices() -> tuple[str, ...]:
 
 
 def _sys_paths(device: str) -> tuple[str, ...]:
-    """``/sys`` parts a worker reads: none on x86-64 CPUs (torch needs none there);
+    """The parts of ``/sys`` a worker reads.
 
-    the CPU topology elsewhere (cpuinfo reads it on ARM); all of ``/sys`` read-only
-    for CUDA (the driver and NVML walk the PCI tree).
+    None on x86-64 CPUs (torch needs none there); the CPU topology elsewhere
+    (cpuinfo reads it on ARM); all of ``/sys`` read-only for CUDA (the driver and
+    NVML walk the PCI tree).
     """
     if device == "cuda":
         return ("/sys",)

@@ -212,9 +212,7 @@ class Worker:
         return {"output_type": kind, "inputs_after": after}, [tensor_to_bytes(output)]
 
     def store_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
-        if frame.header.get(
-            "kept"
-        ):  # the reference's own kept inputs, decoded as a shipped pool is
+        if frame.header.get("kept"):  # the reference's kept inputs, decoded as a shipped pool is
             self.pool = [decode_values(entry, tensors, self.device) for entry, tensors in self.kept]
             self.kept = []
         else:
