@@ -202,8 +202,12 @@ EXPECTED: dict[str, list[str]] = {
         "JailLimits",
         "JailSpec",
         "SandboxMode",
+        "UID_RANGE",
+        "UidExhaustedError",
+        "kill_uid",
         "probe_sandbox_mode",
         "python_runtime_paths",
+        "reserve_uid",
         "system_library_paths",
     ],
 }

@@ -18,12 +18,17 @@ from agentinfra.sandbox._spec import (
     python_runtime_paths,
     system_library_paths,
 )
+from agentinfra.sandbox._uids import UID_RANGE, UidExhaustedError, kill_uid, reserve_uid
 
 __all__ = [
     "JailLimits",
     "JailSpec",
     "SandboxMode",
+    "UID_RANGE",
+    "UidExhaustedError",
+    "kill_uid",
     "probe_sandbox_mode",
     "python_runtime_paths",
+    "reserve_uid",
     "system_library_paths",
 ]

@@ -132,13 +132,18 @@ class _Root:
             os.symlink(target, self.inside(path))
 
     def write(self, path: str, data: bytes, mode: int = 0o644) -> None:
+        if self._under_bind(path):
+            raise JailSetupError(f"cannot generate {path}: it lies in a bound host path")
         self.mkdir(os.path.dirname(path))
         with open(self.inside(path), "wb") as handle:
             handle.write(data)
         os.chmod(self.inside(path), mode)
 
+    def _under_bind(self, path: str) -> bool:
+        return any(path == b or path.startswith(b + "/") for b in self.bound)
+
     def bind(self, source: str, target: str, *, device: bool = False) -> None:
-        if any(target == b or target.startswith(b + "/") for b in self.bound):
+        if self._under_bind(target):
             return
         if os.path.isdir(source):
             self.mkdir(target)
@@ -146,6 +151,17 @@ class _Root:
             self.mkdir(os.path.dirname(target))
             open(self.inside(target), "ab").close()
         _bind_readonly(source, self.inside(target), device=device)
+        self.bound.append(target)
+
+    def bind_writable(self, source: str, target: str, uid: int) -> None:
+        """A host directory owned by ``uid``, writable at ``target`` (no devices, no set-uid)."""
+        if self._under_bind(target) or os.path.islink(source) or not os.path.isdir(source):
+            raise JailSetupError(f"cannot bind {source} writable at {target}")
+        if os.lstat(source).st_uid != uid:
+            raise JailSetupError(f"{source} is not owned by the sandbox uid {uid}")
+        self.mkdir(target)
+        _mount(source, self.inside(target), None, _MS_BIND)
+        _mount(None, self.inside(target), None, _MS_REMOUNT | _MS_BIND | _MS_NOSUID | _MS_NODEV)
         self.bound.append(target)
 
     def mirror(self, path: str, depth: int = 0) -> None:
@@ -172,6 +188,7 @@ class _Root:
 def _real_sources(config: dict[str, Any]) -> list[str]:
     paths = [str(p) for p in config["ro_paths"]]
     paths += [str(source) for source, _ in config["binds"]]
+    paths += [str(source) for source, _ in config.get("rw_binds", ())]
     return [os.path.realpath(p) for p in paths]
 
 
@@ -219,13 +236,19 @@ def build_root(config: dict[str, Any]) -> None:
         root.mirror(str(path))
     for source, target in config["binds"]:
         root.bind(os.path.realpath(source), str(target))
+    for source, target in config.get("rw_binds", ()):
+        root.bind_writable(str(source), str(target), uid)
     for path, text in config["files"]:
         root.write(str(path), str(text).encode())
-    root.write(
-        "/etc/passwd",
-        f"root:x:0:0::/:/bin/false\nsandbox:x:{uid}:{uid}::{workdir}:/bin/false\n".encode(),
+    user, home, shell = (
+        config.get("user", "sandbox"),
+        config.get("home", workdir),
+        config.get("shell", "/bin/false"),
     )
-    root.write("/etc/group", f"root:x:0:\nsandbox:x:{uid}:\n".encode())
+    root.write(
+        "/etc/passwd", f"root:x:0:0::/:/bin/false\n{user}:x:{uid}:{uid}::{home}:{shell}\n".encode()
+    )
+    root.write("/etc/group", f"root:x:0:\n{user}:x:{uid}:\n".encode())
     root.mkdir("/dev")
     _mount("tmpfs", root.inside("/dev"), "tmpfs", _MS_NOSUID | _MS_NOEXEC, "mode=755,size=64k")
     for name in _DEVICES:

@@ -51,6 +51,11 @@ class JailSpec:
     urandom), ``sys_paths`` (read-only parts of ``/sys``), a fresh ``/proc`` for
     its pid namespace, a private ``/dev/shm`` and a private ``/tmp`` whose
     ``workdir`` holds ``copy_in`` (host file -> name), owned by ``uid``.
+
+    ``rw_binds`` (host directory -> jail path) are the only writable places
+    besides the private ``/tmp`` and ``/dev/shm``: a desktop's home directory,
+    made by the caller from a template and owned by ``uid``. ``/etc/passwd``
+    names the user ``user`` with ``home`` and ``shell``.
     """
 
     argv: tuple[str, ...]
@@ -66,6 +71,10 @@ class JailSpec:
     tmp_bytes: int = 1 << 30
     cpus: tuple[int, ...] = field(default_factory=lambda: tuple(sorted(os.sched_getaffinity(0))))
     limits: JailLimits | None = None
+    rw_binds: tuple[tuple[str, str], ...] = ()
+    user: str = "sandbox"
+    home: str | None = None
+    shell: str = "/bin/false"
 
     def command(self, mode: SandboxMode) -> list[str]:
         """The command line that builds this jail and runs ``argv`` in it (``mode``: a namespace mode)."""
@@ -88,6 +97,10 @@ class JailSpec:
                 "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes, "open_files": limits.open_files,
             },
             "env": self.env,
+            "rw_binds": [list(b) for b in self.rw_binds],
+            "user": self.user,
+            "home": self.home or self.workdir,
+            "shell": self.shell,
         }  # fmt: skip
         flags = [] if mode == "namespaces+uid" else ["--user", "--map-root-user"]
         return ["unshare", *flags, "--pid", "--fork", "--kill-child", "--net", "--mount", "--mount-proc",

@@ -73,7 +73,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import os
 import random
@@ -109,7 +108,7 @@ from agentinfra.environments.kernels._verdict import (
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
 from agentinfra.errors import ConfigError, TaskEnvironmentError
-from agentinfra.sandbox import probe_sandbox_mode
+from agentinfra.sandbox import UidExhaustedError, probe_sandbox_mode, reserve_uid
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
@@ -876,39 +875,12 @@ def _capped(error: str) -> str:
     return f"{error[:half]} [... {len(error) - 2 * half} characters cut ...] {error[-half:]}"
 
 
-_UID_RANGE = (200_000, 260_000)
-
-
 def _reserve_uid() -> tuple[int, int]:
-    """A candidate uid no live process uses and no other grading on this machine holds.
-
-    Drawn from the OS's secret randomness (never from a grading's seed, which the
-    agent-visible `check` fixes), and reserved with an exclusive ``flock`` on
-    ``<tmp>/agentinfra-uids-<our uid>/<uid>`` held until the grading closes, so
-    concurrent gradings in any process never share a uid, and the cleanup that
-    kills a uid's processes only reaches this grading's candidate.
-    """
-    folder = Path(tempfile.gettempdir()) / f"agentinfra-uids-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    used: set[int] = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                used.add(os.stat(f"/proc/{entry}").st_uid)
-    for _ in range(1000):
-        uid = _UID_RANGE[0] + secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0])
-        if uid in used:
-            continue
-        fd = os.open(folder / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        return uid, fd
-    raise TaskEnvironmentError(
-        f"no free candidate uid in {_UID_RANGE} after 1000 draws; too many gradings at once"
-    )
+    """A candidate uid reserved for this grading's life (`agentinfra.sandbox.reserve_uid`)."""
+    try:
+        return reserve_uid()
+    except UidExhaustedError as exc:
+        raise TaskEnvironmentError(f"{exc}; lower --eval-workers") from exc
 
 
 def grade(problem: Path, submission: Path, options: GradeOptions | None = None) -> Verdict:

@@ -54,6 +54,7 @@ from agentinfra.sandbox import (
     JailLimits,
     JailSpec,
     SandboxMode,
+    kill_uid,
     probe_sandbox_mode,
     python_runtime_paths,
     system_library_paths,
@@ -354,7 +355,7 @@ class WorkerProcess:
             self.process.wait(timeout=10)
         if self.uid is not None and self.mode == "namespaces+uid":
             deadline = time.monotonic() + 10
-            while _kill_uid(self.uid) and time.monotonic() < deadline:
+            while kill_uid(self.uid) and time.monotonic() < deadline:
                 time.sleep(0.01)
         for fd in (self._to, self._reader.fd):
             with contextlib.suppress(OSError):
@@ -402,18 +403,6 @@ def _descendants(root: int) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def _kill_uid(uid: int) -> int:
-    """SIGKILLs every process of ``uid``; returns how many were still there (zombies included)."""
-    left = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    left += 1
-                    os.kill(int(entry), signal.SIGKILL)
-    return left
 
 
 def _affinity_preexec(cpus: tuple[int, ...]):  # type: ignore[no-untyped-def]

@@ -1,0 +1,342 @@
+"""The desktop's controller: runs inside the jail, as the desktop user, as its pid 1.
+
+Started by `DesktopSession` with the desktop interpreter (Debian's Python with
+pyatspi, plus mss and pyautogui in ``.venv/desktop``). It starts the X server
+(Xvfb), a private D-Bus session (which starts the AT-SPI bus on demand) and
+openbox, then serves one JSON request per line on stdin with one JSON reply per
+line on stdout, until stdin closes. It reaps orphans, as a pid 1 must.
+
+Everything here runs with the agent's privileges: on the ``code`` track the
+agent's own code runs in this process. The host therefore trusts nothing it
+says beyond "this is what the desktop showed"; grading never reads it.
+
+It imports nothing of agentinfra (it is copied into the jail on its own).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+DISPLAY = ":0"
+_XML_NS = {
+    "st": "https://accessibility.ubuntu.example.org/ns/state",
+    "attr": "https://accessibility.ubuntu.example.org/ns/attributes",
+    "cp": "https://accessibility.ubuntu.example.org/ns/component",
+    "txt": "https://accessibility.ubuntu.example.org/ns/text",
+    "val": "https://accessibility.ubuntu.example.org/ns/value",
+    "act": "https://accessibility.ubuntu.example.org/ns/action",
+}
+_CHILD_LIMIT = 500  # a node reporting more children manages descendants (a sheet): not walked
+_TEXT_LIMIT = 2000
+
+
+class Controller:
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.width = 1920
+        self.height = 1080
+        self.pyautogui: Any = None
+        self.namespace: dict[str, Any] = {}
+
+    # -- session ---------------------------------------------------------------
+    def start(self, width: int, height: int) -> dict[str, Any]:
+        self.width, self.height = width, height
+        runtime = os.environ["XDG_RUNTIME_DIR"]
+        os.makedirs(runtime, mode=0o700, exist_ok=True)
+        os.makedirs("/tmp/.X11-unix", mode=0o1777, exist_ok=True)
+        home = os.environ["HOME"]
+        xauth = os.path.join(home, ".Xauthority")
+        if not os.path.exists(xauth):
+            open(xauth, "ab").close()
+        started = time.monotonic()
+        self._spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
+                     "-nolisten", "unix", "-listen", "unix", "-noreset"])  # fmt: skip
+        socket = "/tmp/.X11-unix/X" + DISPLAY[1:]
+        while not os.path.exists(socket):
+            if time.monotonic() - started > 15:
+                raise RuntimeError("Xvfb did not start within 15 s")
+            time.sleep(0.02)
+        bus = os.path.join(runtime, "bus")
+        self._spawn(["dbus-daemon", "--session", "--nofork", "--nopidfile",
+                     f"--address=unix:path={bus}"])  # fmt: skip
+        os.environ["DBUS_SESSION_BUS_ADDRESS"] = f"unix:path={bus}"
+        while not os.path.exists(bus):
+            if time.monotonic() - started > 15:
+                raise RuntimeError("dbus-daemon did not start within 15 s")
+            time.sleep(0.02)
+        self._spawn(["openbox", "--sm-disable"])
+        import pyautogui
+
+        pyautogui.FAILSAFE = False
+        pyautogui.PAUSE = 0.02
+        self.pyautogui = pyautogui
+        self.namespace = {"pyautogui": pyautogui, "time": time}
+        return {"started_s": round(time.monotonic() - started, 3)}
+
+    def _spawn(self, argv: list[str], *, shell: bool = False) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(  # noqa: S603 - the desktop user's own programs
+            argv if not shell else argv[0],
+            shell=shell,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=os.environ["HOME"],
+        )
+        self.children.append(process)
+        return process
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children = [c for c in self.children if c.pid != pid]
+
+    # -- setup steps -----------------------------------------------------------
+    def write_file(self, path: str, data: str) -> dict[str, Any]:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(data))
+        return {"bytes": os.path.getsize(path)}
+
+    def launch(self, command: list[str] | str, shell: bool) -> dict[str, Any]:
+        argv = [command] if isinstance(command, str) else list(command)
+        if isinstance(command, str) and not shell:
+            argv = command.split()
+        process = self._spawn(argv, shell=shell)
+        return {"pid": process.pid}
+
+    def execute(self, command: list[str] | str, shell: bool, timeout: float) -> dict[str, Any]:
+        argv: Any = command if not isinstance(command, str) or shell else command.split()
+        try:
+            done = subprocess.run(  # noqa: S603
+                argv, shell=shell, capture_output=True, timeout=timeout, cwd=os.environ["HOME"],
+                stdin=subprocess.DEVNULL, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return {"returncode": None, "output": "", "error": f"timed out after {timeout} s"}
+        except OSError as exc:
+            return {"returncode": None, "output": "", "error": str(exc)}
+        return {
+            "returncode": done.returncode,
+            "output": done.stdout.decode(errors="replace")[-100_000:],
+            "error": done.stderr.decode(errors="replace")[-10_000:],
+        }
+
+    def wait_window(self, name: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", name],
+                                   capture_output=True, check=False)  # fmt: skip
+            if found.returncode == 0 and found.stdout.strip():
+                return {"found": True}
+            time.sleep(0.1)
+        return {"found": False}
+
+    def window(self, action: str, name: str, strict: bool, by_class: bool) -> dict[str, Any]:
+        flag = {"activate": "-a", "close": "-c"}[action]
+        argv = ["wmctrl", *(["-x"] if by_class else []), *(["-F"] if strict else []), flag, name]
+        done = subprocess.run(argv, capture_output=True, check=False)
+        return {"returncode": done.returncode}
+
+    # -- actions ---------------------------------------------------------------
+    def run_code(self, code: str) -> dict[str, Any]:
+        try:
+            exec(compile(code, "<action>", "exec"), dict(self.namespace))  # noqa: S102
+        except Exception as exc:  # noqa: BLE001 - the agent's error goes back to it
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {}
+
+    def pointer(self) -> tuple[int, int]:
+        x, y = self.pyautogui.position()
+        return int(x), int(y)
+
+    # -- observations ----------------------------------------------------------
+    def screenshot(self) -> dict[str, Any]:
+        import mss
+        from PIL import Image, ImageDraw
+
+        with mss.mss(display=DISPLAY) as grabber:
+            shot = grabber.grab(grabber.monitors[1])
+            image = Image.frombytes("RGB", shot.size, shot.bgra, "raw", "BGRX")
+        x, y = self.pointer()
+        draw = ImageDraw.Draw(image)
+        arrow = [(x, y), (x, y + 17), (x + 4, y + 13), (x + 8, y + 20), (x + 10, y + 19),
+                 (x + 7, y + 12), (x + 12, y + 12)]  # fmt: skip
+        draw.polygon(arrow, fill=(255, 255, 255), outline=(0, 0, 0))
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", compress_level=1)
+        return {"png": base64.b64encode(buffer.getvalue()).decode(), "pointer": [x, y]}
+
+    def accessibility(self, max_nodes: int) -> dict[str, Any]:
+        import pyatspi
+        from xml.etree import ElementTree
+
+        for prefix, uri in _XML_NS.items():
+            ElementTree.register_namespace(prefix, uri)
+        desktop = pyatspi.Registry.getDesktop(0)
+        root = ElementTree.Element("desktop-frame", {"name": "Desktop"})
+        count = [0]
+
+        def walk(node: Any, into: ElementTree.Element, depth: int) -> None:
+            if count[0] >= max_nodes or depth > 60:
+                return
+            count[0] += 1
+            element = _describe(node, pyatspi)
+            into.append(element)
+            try:
+                states = node.getState().getStates()
+                total = node.childCount
+            except Exception:  # noqa: BLE001 - a node that went away mid-walk
+                return
+            if pyatspi.STATE_MANAGES_DESCENDANTS in states or total > _CHILD_LIMIT:
+                _visible_cells(node, element, pyatspi)
+                return
+            for index in range(total):
+                try:
+                    child = node.getChildAtIndex(index)
+                except Exception:  # noqa: BLE001
+                    continue
+                if child is not None:
+                    walk(child, element, depth + 1)
+
+        for index in range(desktop.childCount):
+            app = desktop.getChildAtIndex(index)
+            if app is not None:
+                walk(app, root, 0)
+        return {"xml": ElementTree.tostring(root, encoding="unicode"), "nodes": count[0]}
+
+
+def _describe(node: Any, pyatspi: Any) -> Any:
+    from xml.etree import ElementTree
+
+    try:
+        role = node.getRoleName() or "unknown"
+    except Exception:  # noqa: BLE001
+        role = "unknown"
+    tag = role.replace(" ", "-")
+    attributes: dict[str, str] = {}
+    try:
+        attributes["name"] = node.name or ""
+    except Exception:  # noqa: BLE001
+        attributes["name"] = ""
+    try:
+        for state in node.getState().getStates():
+            attributes[f"{{{_XML_NS['st']}}}{pyatspi.stateToString(state)}"] = "true"
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        for pair in node.getAttributes():
+            key, _, value = pair.partition(":")
+            if key.isidentifier():
+                attributes[f"{{{_XML_NS['attr']}}}{key}"] = value
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        component = node.queryComponent()
+        x, y = component.getPosition(pyatspi.XY_SCREEN)
+        w, h = component.getSize()
+        attributes[f"{{{_XML_NS['cp']}}}screencoord"] = f"({x}, {y})"
+        attributes[f"{{{_XML_NS['cp']}}}size"] = f"({w}, {h})"
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        description = node.description
+        if description:
+            attributes["description"] = description
+    except Exception:  # noqa: BLE001
+        pass
+    element = ElementTree.Element(tag, attributes)
+    try:
+        text = node.queryText()
+        element.text = text.getText(0, min(text.characterCount, _TEXT_LIMIT))
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        value = node.queryValue()
+        element.set(f"{{{_XML_NS['val']}}}value", str(value.currentValue))
+    except Exception:  # noqa: BLE001
+        pass
+    return element
+
+
+def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
+    """A sheet's cells on screen (the table reports millions of children): through its table interface."""
+    try:
+        iface = table.queryTable()
+        component = table.queryComponent()
+        tx, ty = component.getPosition(pyatspi.XY_SCREEN)
+        tw, th = component.getSize()
+    except Exception:  # noqa: BLE001
+        return
+    for row in range(min(iface.nRows, 60)):
+        for column in range(min(iface.nColumns, 30)):
+            try:
+                cell = iface.getAccessibleAt(row, column)
+            except Exception:  # noqa: BLE001
+                continue
+            if cell is None:
+                continue
+            element = _describe(cell, pyatspi)
+            coords = element.get(f"{{{_XML_NS['cp']}}}screencoord", "")
+            try:
+                cx, cy = (int(v) for v in coords.strip("()").split(","))
+            except ValueError:
+                continue
+            if tx <= cx < tx + tw and ty <= cy < ty + th:
+                into.append(element)
+
+
+def main() -> None:
+    controller = Controller()
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    handlers = {
+        "start": lambda r: controller.start(int(r["width"]), int(r["height"])),
+        "write_file": lambda r: controller.write_file(r["path"], r["data"]),
+        "launch": lambda r: controller.launch(r["command"], bool(r.get("shell", False))),
+        "execute": lambda r: controller.execute(
+            r["command"], bool(r.get("shell", False)), float(r.get("timeout", 60))
+        ),
+        "wait_window": lambda r: controller.wait_window(r["name"], float(r.get("timeout", 10))),
+        "window": lambda r: controller.window(
+            r["action"], r["name"], bool(r.get("strict")), bool(r.get("by_class"))
+        ),
+        "code": lambda r: controller.run_code(r["code"]),
+        "pointer": lambda r: {"pointer": list(controller.pointer())},
+        "screenshot": lambda r: controller.screenshot(),
+        "accessibility": lambda r: controller.accessibility(int(r.get("max_nodes", 5000))),
+    }
+    # Replies get a private copy of stdout; anything a library prints (Xlib warns
+    # there) goes to stderr instead of corrupting the protocol.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        controller.reap()
+        request = json.loads(line)
+        started = time.monotonic()
+        try:
+            reply = handlers[request["op"]](request)
+            reply["ok"] = True
+        except Exception as exc:  # noqa: BLE001 - reported to the host, which decides
+            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+                     "trace": traceback.format_exc()[-2000:]}  # fmt: skip
+        reply["elapsed_s"] = round(time.monotonic() - started, 4)
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

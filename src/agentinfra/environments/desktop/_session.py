@@ -1,0 +1,343 @@
+"""One live desktop in a jail: its home, its controller, and its end.
+
+`DesktopSession` reserves a uid, makes a fresh home from the pristine template
+(owned by that uid), and starts the controller (`_controller.py`) in a jail built
+from `agentinfra.sandbox.JailSpec`: the system's ``/usr`` and a few ``/etc``
+entries read-only, the home writable at ``/home/user``, a private ``/tmp``,
+pid, mount and network namespaces, resource limits. Requests go to the
+controller as JSON lines; replies are size-capped and treated as untrusted.
+
+`close` kills the jail (every process of the pid namespace dies with its pid 1),
+sweeps the uid, and releases it; `snapshot_home` copies the home after that,
+when nothing of the episode can still write to it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentinfra.errors import TaskEnvironmentError
+from agentinfra.sandbox import (
+    JailLimits,
+    JailSpec,
+    UidExhaustedError,
+    kill_uid,
+    probe_sandbox_mode,
+    reserve_uid,
+)
+
+__all__ = ["DESKTOP_PACKAGES", "DesktopConfig", "DesktopSession", "desktop_python"]
+
+HOME = "/home/user"
+_CONTROLLER = Path(__file__).resolve().parent / "_controller.py"
+_MAX_REPLY = 64 << 20
+DESKTOP_PACKAGES = (
+    "xvfb", "openbox", "dbus", "at-spi2-core", "python3-pyatspi", "python3-tk", "python3-venv",
+    "xdotool", "wmctrl", "libreoffice-calc", "libreoffice-writer", "libreoffice-impress",
+    "libreoffice-gtk3", "mousepad", "xterm", "fonts-dejavu-core",
+)  # fmt: skip
+"""The Debian packages a desktop needs (scripts/system-deps.sh installs them)."""
+_SYSTEM_PATHS = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/fonts", "/etc/X11", "/etc/libreoffice",
+    "/etc/dbus-1", "/etc/alternatives", "/etc/ld.so.cache", "/etc/xdg", "/etc/gtk-3.0",
+    "/etc/mime.types", "/etc/localtime", "/etc/bash.bashrc", "/etc/profile", "/etc/inputrc",
+    "/etc/papersize", "/etc/python3", "/etc/python3.11", "/etc/dconf", "/etc/nsswitch.conf",
+    "/etc/terminfo", "/etc/shells", "/var/cache/fontconfig",
+)  # fmt: skip
+"""What the desktop sees of the machine, read-only: programs, libraries, fonts and their settings."""
+
+_LIBREOFFICE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
+<oor:items xmlns:oor="http://openoffice.org/2001/registry" \
+xmlns:xs="http://www.w3.org/2001/XMLSchema" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="ShowTipOfTheDay" oor:op="fuse">\
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="FirstRun" oor:op="fuse">\
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="WarnAlienFormat" \
+oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Recovery/AutoSave"><prop oor:name="Enabled" oor:op="fuse">\
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Recovery/RecoveryInfo"><prop oor:name="Enabled" \
+oor:op="fuse"><value>false</value></prop></item>
+<item oor:path="/org.openoffice.Setup/Office"><prop oor:name="ooSetupInstCompleted" oor:op="fuse">\
+<value>true</value></prop></item>
+</oor:items>
+"""
+_TEMPLATE = {
+    "Desktop/": "",
+    "Documents/": "",
+    "Downloads/": "",
+    ".Xauthority": "",
+    ".bashrc": "PS1='user@desktop:\\w\\$ '\n",
+    ".config/libreoffice/4/user/registrymodifications.xcu": _LIBREOFFICE_SETTINGS,
+}
+"""The pristine home every episode starts from: standard folders, LibreOffice without first-run dialogs
+or the "keep current format" question, an empty X authority file (pyautogui wants one)."""
+
+
+def desktop_python() -> Path:
+    """The desktop's interpreter: ``$AGENTINFRA_DESKTOP_PYTHON``, else ``<venv>/desktop/bin/python``."""
+    configured = os.environ.get("AGENTINFRA_DESKTOP_PYTHON")
+    return Path(configured) if configured else Path(sys.prefix) / "desktop" / "bin" / "python"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DesktopConfig:
+    """One desktop's shape and limits."""
+
+    width: int = 1920
+    height: int = 1080
+    memory_bytes: int = 8 << 30
+    """Address-space limit per process (LibreOffice maps about 2 GB)."""
+    max_processes: int = 512
+    cpu_s: int = 24 * 3600
+    tmp_bytes: int = 512 << 20
+    request_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("width", 320, 7680), ("height", 240, 4320)):
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise TaskEnvironmentError(
+                    f"desktop {name} {value} is outside {low}..{high}; set --{name}"
+                )
+
+
+def check_prerequisites() -> None:
+    """One line naming what to install when the desktop cannot start here."""
+    missing = [p for p in ("Xvfb", "openbox", "dbus-daemon", "xdotool", "wmctrl", "soffice")
+               if shutil.which(p) is None]  # fmt: skip
+    if missing:
+        raise TaskEnvironmentError(
+            f"desktop programs missing: {', '.join(missing)}; install them with "
+            f"`scripts/system-deps.sh desktop` (apt-get install {' '.join(DESKTOP_PACKAGES)})"
+        )
+    python = desktop_python()
+    if not python.exists():
+        raise TaskEnvironmentError(
+            f"desktop interpreter {python} not found; create it with `make desktop-venv` "
+            "or set AGENTINFRA_DESKTOP_PYTHON"
+        )
+    if os.geteuid() != 0 or probe_sandbox_mode() != "namespaces+uid":
+        raise TaskEnvironmentError(
+            "the desktop needs root to build its jail (a separate uid and namespaces); run as root"
+        )
+
+
+class ControllerError(TaskEnvironmentError):
+    """The controller did not answer, or answered something that is not a reply."""
+
+
+class DesktopSession:
+    """One desktop: `start`, `request`\\ s, then `close` (also on error, via ``with``)."""
+
+    def __init__(self, config: DesktopConfig | None = None) -> None:
+        self.config = config or DesktopConfig()
+        self.workspace = Path(tempfile.mkdtemp(prefix="agentinfra-desktop-"))
+        self.home = self.workspace / "home"
+        self.uid = -1
+        self._lock = -1
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_s = 0.0
+        self.closed = False
+
+    def __enter__(self) -> DesktopSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        self.remove()
+
+    # -- start -----------------------------------------------------------------
+    def start(self) -> None:
+        check_prerequisites()
+        started = time.monotonic()
+        try:
+            self.uid, self._lock = reserve_uid()
+        except UidExhaustedError as exc:
+            raise TaskEnvironmentError(f"{exc}; run fewer desktops at once (--desktops)") from exc
+        self._make_home()
+        spec = self._jail()
+        self.process = subprocess.Popen(  # noqa: S603 - our own jail command line
+            spec.command("namespaces+uid"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.request("start", width=self.config.width, height=self.config.height, timeout_s=30)
+        self.started_s = time.monotonic() - started
+
+    def _make_home(self) -> None:
+        self.workspace.chmod(0o711)
+        for relative, text in _TEMPLATE.items():
+            target = self.home / relative
+            if relative.endswith("/"):
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+        for path in [self.home, *self.home.rglob("*")]:
+            os.lchown(path, self.uid, self.uid)
+        self.home.chmod(0o700)
+
+    def _jail(self) -> JailSpec:
+        python = desktop_python()
+        venv = python.parent.parent
+        env = {
+            "HOME": HOME, "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash",
+            "PATH": "/usr/local/bin:/usr/bin:/bin", "DISPLAY": ":0", "LANG": "C.UTF-8",
+            "XDG_RUNTIME_DIR": "/tmp/runtime-user", "SAL_USE_VCLPLUGIN": "gtk3",
+            "PYTHONDONTWRITEBYTECODE": "1", "NO_AT_BRIDGE": "0", "TERM": "xterm",
+        }  # fmt: skip
+        machine_id = os.urandom(16).hex()
+        return JailSpec(
+            argv=(str(python), "-I", "/tmp/work/controller.py"),
+            env=env,
+            uid=self.uid,
+            ro_paths=(*(p for p in _SYSTEM_PATHS if os.path.lexists(p)), str(venv)),
+            files=(
+                ("/etc/machine-id", machine_id + "\n"),
+                ("/etc/hostname", "desktop\n"),
+                ("/etc/hosts", "127.0.0.1 localhost desktop\n"),
+            ),
+            copy_in=((str(_CONTROLLER), "controller.py"),),
+            rw_binds=((str(self.home), HOME),),
+            user="user",
+            home=HOME,
+            shell="/bin/bash",
+            tmp_bytes=self.config.tmp_bytes,
+            limits=JailLimits(
+                memory_bytes=self.config.memory_bytes, max_processes=self.config.max_processes,
+                cpu_s=self.config.cpu_s, open_files=4096,
+            ),
+        )  # fmt: skip
+
+    # -- requests --------------------------------------------------------------
+    def request(self, op: str, *, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Sends one request and returns the reply; `ControllerError` when there is none."""
+        process = self.process
+        if process is None or self.closed or process.stdin is None or process.stdout is None:
+            raise ControllerError(f"desktop is not running (request {op!r})")
+        timeout = self.config.request_timeout_s if timeout_s is None else timeout_s
+        try:
+            process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+            process.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise ControllerError(f"desktop controller is gone ({op}): {self._stderr()}") from exc
+        line = self._read_line(process.stdout.fileno(), timeout, op)
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise ControllerError(f"desktop controller sent a non-JSON reply to {op}") from exc
+        if not isinstance(reply, dict):
+            raise ControllerError(f"desktop controller sent a non-object reply to {op}")
+        return reply
+
+    def _read_line(self, fd: int, timeout: float, op: str) -> bytes:
+        deadline = time.monotonic() + timeout
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ControllerError(f"desktop controller did not answer {op} within {timeout:.0f} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                raise ControllerError(f"desktop controller ended during {op}: {self._stderr()}")
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                chunks.append(chunk[:newline])
+                if newline + 1 < len(chunk):
+                    raise ControllerError(f"desktop controller sent more than one reply to {op}: {chunk[newline+1:][:200]!r}")
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > _MAX_REPLY:
+                raise ControllerError(f"desktop controller's reply to {op} exceeds {_MAX_REPLY} bytes")
+
+    def _stderr(self) -> str:
+        process = self.process
+        if process is None or process.stderr is None or process.poll() is None:
+            return "(still running)"
+        with contextlib.suppress(OSError):
+            return process.stderr.read(4000).decode(errors="replace").strip()[-2000:] or "(no output)"
+        return "(no output)"
+
+    def write_file(self, path: str, data: bytes) -> dict[str, Any]:
+        """Writes ``data`` at ``path`` as the desktop user (never through a host path the agent controls)."""
+        return self.request("write_file", path=path, data=base64.b64encode(data).decode())
+
+    def screenshot(self) -> tuple[bytes, tuple[int, int]]:
+        reply = self.request("screenshot")
+        if not reply.get("ok"):
+            raise ControllerError(f"screenshot failed: {reply.get('error')}")
+        png = base64.b64decode(str(reply["png"]))
+        if not png.startswith(b"\x89PNG"):
+            raise ControllerError("screenshot is not a PNG")
+        x, y = reply.get("pointer", [0, 0])
+        return png, (int(x), int(y))
+
+    # -- end -------------------------------------------------------------------
+    def close(self) -> None:
+        """Kills every process of the desktop and releases its uid (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        process = self.process
+        if process is not None:
+            for stream in (process.stdin,):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+            # Kill the jail's pid 1 (the pid namespace dies with it) and let ``unshare``
+            # reap it: killing ``unshare`` first would leave that zombie to the
+            # machine's init, which may reap it slowly, and the uid sweep waits for it.
+            for child in _children(process.pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+            for stream in (process.stdout, process.stderr):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
+        if self.uid >= 0:
+            deadline = time.monotonic() + 10
+            while kill_uid(self.uid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
+
+    def remove(self) -> None:
+        shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return found
