@@ -152,6 +152,7 @@ class DesktopSession:
         self._lock = -1
         self.process: subprocess.Popen[bytes] | None = None
         self.started_s = 0.0
+        self.last_screenshot_s = 0.0
         self.closed = False
 
     def __enter__(self) -> DesktopSession:
@@ -199,7 +200,7 @@ class DesktopSession:
         venv = python.parent.parent
         env = {
             "HOME": HOME, "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash",
-            "PATH": "/usr/local/bin:/usr/bin:/bin", "DISPLAY": ":0", "LANG": "C.UTF-8",
+            "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "DISPLAY": ":0", "LANG": "C.UTF-8",
             "XDG_RUNTIME_DIR": "/tmp/runtime-user", "SAL_USE_VCLPLUGIN": "gtk3",
             "PYTHONDONTWRITEBYTECODE": "1", "NO_AT_BRIDGE": "0", "TERM": "xterm",
         }  # fmt: skip
@@ -285,7 +286,9 @@ class DesktopSession:
         return self.request("write_file", path=path, data=base64.b64encode(data).decode())
 
     def screenshot(self) -> tuple[bytes, tuple[int, int]]:
+        started = time.monotonic()
         reply = self.request("screenshot")
+        self.last_screenshot_s = time.monotonic() - started
         if not reply.get("ok"):
             raise ControllerError(f"screenshot failed: {reply.get('error')}")
         png = base64.b64decode(str(reply["png"]))
