@@ -21,6 +21,7 @@ from rich.logging import RichHandler
 import agentinfra
 from agentinfra._settings import load_settings
 from agentinfra.cli._grade import grade_command
+from agentinfra.cli._desktop import desktop_app
 from agentinfra.cli._kv import kv_app
 from agentinfra.cli._kv_server import register as register_kv_server
 from agentinfra.cli._runs import register as register_runs
@@ -115,6 +116,7 @@ def info(
 
 register_kv_server(kv_app)
 app.add_typer(kv_app, name="kv")
+app.add_typer(desktop_app, name="desktop")
 app.command("grade")(grade_command)
 register_runs(app)
 

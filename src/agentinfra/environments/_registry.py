@@ -27,7 +27,10 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "agentinfra.environments"
-_BUILTIN = {"kernels": "agentinfra.environments.kernels:ENVIRONMENT"}
+_BUILTIN = {
+    "kernels": "agentinfra.environments.kernels:ENVIRONMENT",
+    "desktop": "agentinfra.environments.desktop:ENVIRONMENT",
+}
 _registered: dict[str, EnvironmentDefinition] = {}
 _lock = threading.Lock()
 
