@@ -260,6 +260,11 @@ def build_root(config: dict[str, Any]) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
         root.symlink(f"/dev/{name}", target)
+    if config.get("ptys"):
+        # A private devpts instance: terminals inside the jail, none of the host's.
+        root.mkdir("/dev/pts")
+        _mount("devpts", root.inside("/dev/pts"), "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0600")
+        root.symlink("/dev/ptmx", "pts/ptmx")
     root.mkdir("/dev/shm")
     _mount("tmpfs", root.inside("/dev/shm"), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1g")
     root.mkdir("/proc")

@@ -55,7 +55,7 @@ class JailSpec:
     ``rw_binds`` (host directory -> jail path) are the only writable places
     besides the private ``/tmp`` and ``/dev/shm``: a desktop's home directory,
     made by the caller from a template and owned by ``uid``. ``/etc/passwd``
-    names the user ``user`` with ``home`` and ``shell``.
+    names ``user`` with ``home`` and ``shell``; ``ptys`` gives it terminals.
     """
 
     argv: tuple[str, ...]
@@ -75,6 +75,8 @@ class JailSpec:
     user: str = "sandbox"
     home: str | None = None
     shell: str = "/bin/false"
+    ptys: bool = False
+    """A private ``/dev/pts`` (its own devpts instance) and ``/dev/ptmx``, for terminals."""
 
     def command(self, mode: SandboxMode) -> list[str]:
         """The command line that builds this jail and runs ``argv`` in it (``mode``: a namespace mode)."""
@@ -101,6 +103,7 @@ class JailSpec:
             "user": self.user,
             "home": self.home or self.workdir,
             "shell": self.shell,
+            "ptys": self.ptys,
         }  # fmt: skip
         flags = [] if mode == "namespaces+uid" else ["--user", "--map-root-user"]
         return ["unshare", *flags, "--pid", "--fork", "--kill-child", "--net", "--mount", "--mount-proc",

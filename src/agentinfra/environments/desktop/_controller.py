@@ -80,6 +80,7 @@ class Controller:
 
         pyautogui.FAILSAFE = False
         pyautogui.PAUSE = 0.02
+        _fix_keymap()
         self.pyautogui = pyautogui
         self.namespace = {"pyautogui": pyautogui, "time": time}
         return {"started_s": round(time.monotonic() - started, 3)}
@@ -240,6 +241,18 @@ class Controller:
             if app is not None:
                 walk(app, root, 0)
         return {"xml": ElementTree.tostring(root, encoding="unicode"), "nodes": count[0]}
+
+
+def _fix_keymap() -> None:
+    """pyautogui types ``<`` as shift + the keycode of ``less``; X's default keymap puts ``less``
+    unshifted on its own key, so that yields ``>``. Map ``<``/``>`` to shift+comma/period (US layout)."""
+    from pyautogui import _pyautogui_x11 as x11
+    from Xlib import XK
+
+    for char, base in (("<", "comma"), (">", "period")):
+        keycode = x11._display.keysym_to_keycode(XK.string_to_keysym(base))
+        if keycode:
+            x11.keyboardMapping[char] = keycode
 
 
 def _describe(node: Any, pyatspi: Any, states: Any = None) -> Any:

@@ -188,7 +188,10 @@ def run_episode(
 
 
 def snapshot_home(home: Path, target: Path) -> Path:
-    """Copies ``home`` to ``target``: directories and regular files only, no links followed, read-only.
+    """Copies ``home`` to ``target``: directories and regular files only, no links followed.
+
+    Permission bits are kept (a check may read a file's mode); set-id bits are
+    dropped. The grader binds the copy read-only and owns it while it reads.
 
     Called after the episode's processes are all dead, so nothing changes the
     home during the copy. Symbolic links, sockets and devices are left out (a link
@@ -214,8 +217,10 @@ def snapshot_home(home: Path, target: Path) -> Path:
             with open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as src, open(destination, "wb") as dst:
                 shutil.copyfileobj(src, dst)
             os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
-            destination.chmod(0o444)
-    for directory, _, _ in os.walk(target):
-        os.chmod(directory, 0o555)
+            destination.chmod(info.st_mode & 0o777)
+    for directory, _, _ in os.walk(home):
+        relative = Path(directory).relative_to(home)
+        if (target / relative).is_dir():
+            os.chmod(target / relative, os.lstat(directory).st_mode & 0o777)
     return target
 

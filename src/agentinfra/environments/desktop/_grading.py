@@ -182,6 +182,8 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) 
         except UidExhaustedError as exc:
             raise TaskEnvironmentError(f"{exc}; grade fewer episodes at once") from exc
         try:
+            for path in [episode.snapshot, *episode.snapshot.rglob("*")]:
+                os.lchown(path, uid, uid)  # the grading uid reads with the episode's permission bits
             spec = JailSpec(
                 argv=(sys.executable, "-I", "/tmp/work/evaluate.py"),
                 env={"PATH": "/usr/bin:/bin", "HOME": "/tmp/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},

@@ -220,6 +220,8 @@ class DesktopSession:
             user="user",
             home=HOME,
             shell="/bin/bash",
+            ptys=True,
+            devices=("/dev/tty",),
             tmp_bytes=self.config.tmp_bytes,
             limits=JailLimits(
                 memory_bytes=self.config.memory_bytes, max_processes=self.config.max_processes,
