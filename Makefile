@@ -10,7 +10,8 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch>=2.4"; else echo "torch==2.13.0"; fi)
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo
+.PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
+	system-deps-desktop desktop-venv
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -26,6 +27,16 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(PIP) install -e '.[dev]'
 	@touch $@ $(VENV)/.installed
 
+# The desktop's interpreter: Debian's Python (it has pyatspi) with pyautogui and mss,
+# in $(VENV)/desktop; the desktop environment finds it there (docs/desktop.md).
+DESKTOP_PY := $(VENV)/desktop/bin/python
+$(VENV)/desktop/.installed: | $(BIN)/python
+	rm -rf $(VENV)/desktop
+	/usr/bin/python3 -m venv --system-site-packages $(VENV)/desktop
+	$(DESKTOP_PY) -m pip --disable-pip-version-check -q install pyautogui==0.9.54 mss==10.2.0
+	@touch $@
+desktop-venv: system-deps-desktop $(VENV)/desktop/.installed
+
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
@@ -35,6 +46,8 @@ system-deps-test:
 	@scripts/system-deps.sh test
 system-deps-demo:
 	@scripts/system-deps.sh demo
+system-deps-desktop:
+	@scripts/system-deps.sh desktop
 
 demo: system-deps-demo $(VENV)/.installed
 	$(BIN)/agentinfra info
@@ -62,7 +75,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: system-deps-test install-dev
+pytest: system-deps-test install-dev $(VENV)/desktop/.installed
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc

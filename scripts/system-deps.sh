@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a make target needs, when they are missing.
-# Usage: scripts/system-deps.sh test|demo
+# Usage: scripts/system-deps.sh test|demo|desktop
 #   demo: util-linux (unshare, setpriv: the grader's sandbox)
+#   desktop: the desktop environment's X server, window manager, accessibility
+#         bus, LibreOffice, editor and terminal, and Debian's Python with pyatspi
 #   test: the above, redis-server and redis-tools (the Redis tier's service tests
 #         start their own servers) and chromium (the run report is opened headless)
 # As root with apt-get it installs them; otherwise it stops with one line naming
@@ -14,14 +16,35 @@ need=()
 want() { command -v "$1" >/dev/null 2>&1 || need+=("$2"); }
 want unshare util-linux
 want setpriv util-linux
+desktop() {
+  want Xvfb xvfb
+  want openbox openbox
+  want dbus-daemon dbus
+  want /usr/libexec/at-spi-bus-launcher at-spi2-core
+  want xdotool xdotool
+  want wmctrl wmctrl
+  want soffice libreoffice-calc
+  want lowriter libreoffice-writer
+  want loimpress libreoffice-impress
+  [ -e /usr/lib/libreoffice/program/libvclplug_gtk3lo.so ] || need+=(libreoffice-gtk3)
+  want mousepad mousepad
+  want xterm xterm
+  [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+  /usr/bin/python3 -c 'import pyatspi' >/dev/null 2>&1 || need+=(python3-pyatspi)
+  /usr/bin/python3 -c 'import tkinter' >/dev/null 2>&1 || need+=(python3-tk)
+  /usr/bin/python3 -c 'import PIL' >/dev/null 2>&1 || need+=(python3-pil)
+  /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+}
 case "$target" in
   demo) ;;
+  desktop) desktop ;;
   test)
+    desktop
     want redis-server redis-server
     want redis-cli redis-tools
     want chromium chromium
     ;;
-  *) echo "system-deps: unknown target '$target' (use test or demo)" >&2; exit 2 ;;
+  *) echo "system-deps: unknown target '$target' (use test, demo or desktop)" >&2; exit 2 ;;
 esac
 [ ${#need[@]} -eq 0 ] && exit 0
 # de-duplicate, keep order

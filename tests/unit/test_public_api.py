@@ -198,6 +198,12 @@ EXPECTED: dict[str, list[str]] = {
         "workspace_tools",
     ],
     "agentinfra.cli": ["app", "main"],
+    "agentinfra.environments.desktop": [
+        "ACTION_SPACES", "ENVIRONMENT", "GRADER_VERSION", "SCORE", "TRACKS", "ActionError", "AuditRow",
+        "DesktopConfig", "DesktopEnvironment", "DesktopSession", "DesktopTask", "DesktopVerdict", "audit",
+        "audit_task", "default_mirror", "grade_episode", "load_actions", "load_desktop_task", "mirror_path",
+        "run_scripted", "support",
+    ],
     "agentinfra.sandbox": [
         "JailLimits",
         "JailSpec",

@@ -30,11 +30,16 @@ def run(tmp_path: Path, target: str, **env: str) -> subprocess.CompletedProcess[
 def test_missing_packages_are_named_with_the_command(tmp_path: Path) -> None:
     out = run(tmp_path, "test")
     assert out.returncode == 1
-    line = "system-deps: missing util-linux redis-server redis-tools chromium; install them with: "
-    assert out.stderr.startswith(
-        line + "sudo apt-get install -y util-linux redis-server redis-tools chromium"
-    )
+    assert out.stderr.startswith("system-deps: missing util-linux xvfb openbox dbus xdotool wmctrl ")
+    assert "redis-server redis-tools chromium; install them with: sudo apt-get install -y util-linux" in out.stderr
     assert out.stderr.count("\n") == 1  # one line
+
+
+def test_desktop_names_the_desktop_packages(tmp_path: Path) -> None:
+    out = run(tmp_path, "desktop")
+    assert out.returncode == 1
+    assert "xvfb openbox" in out.stderr and "libreoffice-calc" in out.stderr and "xterm" in out.stderr
+    assert "redis" not in out.stderr
 
 
 def test_demo_needs_only_the_sandbox_tools(tmp_path: Path) -> None:

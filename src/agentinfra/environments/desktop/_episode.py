@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
 from agentinfra.environments.desktop._session import ControllerError, DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask, mirror_path, placeholders
@@ -112,6 +113,7 @@ def _save(directory: Path, index: int, observation: Observation) -> None:
     (directory / f"step-{index:03d}.png").write_bytes(observation.png)
     if observation.accessibility_xml is not None:
         (directory / f"step-{index:03d}.xml").write_text(observation.accessibility_xml)
+        (directory / f"step-{index:03d}.a11y.tsv").write_text(flatten_accessibility(observation.accessibility_xml))
 
 
 def run_episode(
