@@ -28,10 +28,6 @@ from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task
 
 __all__ = [
     "ACTION_SPACES",
-    "ENVIRONMENT",
-    "GRADER_VERSION",
-    "SCORE",
-    "TRACKS",
     "ActionError",
     "AuditRow",
     "DesktopConfig",
@@ -39,6 +35,10 @@ __all__ = [
     "DesktopSession",
     "DesktopTask",
     "DesktopVerdict",
+    "ENVIRONMENT",
+    "GRADER_VERSION",
+    "SCORE",
+    "TRACKS",
     "audit",
     "audit_task",
     "default_mirror",

@@ -206,6 +206,9 @@ class Controller:
         for prefix, uri in _XML_NS.items():
             ElementTree.register_namespace(prefix, uri)
         desktop = pyatspi.Registry.getDesktop(0)
+        deadline = time.monotonic() + 3
+        while desktop.childCount == 0 and self._windows() and time.monotonic() < deadline:
+            time.sleep(0.2)  # an application that just mapped its window registers with AT-SPI soon after
         root = ElementTree.Element("desktop-frame", {"name": "Desktop"})
         count = [0]
 
