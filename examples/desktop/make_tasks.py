@@ -55,8 +55,12 @@ def open_file(path: str) -> dict[str, Any]:
     return {"type": "open", "parameters": {"path": path}}
 
 
-XTERM = {"type": "launch", "parameters": {"command": ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11",
-                                                     "-geometry", "120x36+80+60"]}}
+XTERM = {
+    "type": "launch",
+    "parameters": {
+        "command": ["xterm", "-fa", "DejaVu Sans Mono", "-fs", "11", "-geometry", "120x36+80+60"]
+    },
+}
 
 
 def typing(text: str) -> dict[str, Any]:
@@ -156,36 +160,108 @@ def calc_tasks() -> None:
              "props": {"value": {"method": method, "ref": ref}}}]}}  # fmt: skip
 
     save = [hotkey("ctrl", "s"), "WAIT"]
-    task("calc-total", "In costs.xlsx on the Desktop, put the total of the costs (B2:B5) in B6, then save the file.",
-         setup, cell_check("B6", "eq", 22), ["libreoffice_calc"], c13(*to_b6, typing("=SUM(B2:B5)\n"), *save))
-    task("calc-average", "In costs.xlsx, put the average cost of B2:B5 in cell B7 and save the file.",
-         setup, cell_check("B7", "approx", 5.5), ["libreoffice_calc"],
-         c13(*to_b6, press("down"), typing("=AVERAGE(B2:B5)\n"), *save))
-    task("calc-max", "In costs.xlsx, write the largest cost of B2:B5 into D1 and save the file.",
-         setup, cell_check("D1", "eq", 12), ["libreoffice_calc"],
-         {"action_space": "pyautogui", "actions": [
-             "pyautogui.hotkey('ctrl', 'Home')\npyautogui.press('right', presses=3)",
-             "pyautogui.typewrite('=MAX(B2:B5)\\n')", "pyautogui.hotkey('ctrl', 's')", "WAIT"]})
-    task("calc-header", "In costs.xlsx, label column C by writing Total in cell C1, then save.",
-         setup, cell_check("C1", "str_eq", "Total"), ["libreoffice_calc"],
-         c13(hotkey("ctrl", "Home"), press("right"), press("right"), typing("Total\n"), *save))
+    task(
+        "calc-total",
+        "In costs.xlsx on the Desktop, put the total of the costs (B2:B5) in B6, then save the file.",
+        setup,
+        cell_check("B6", "eq", 22),
+        ["libreoffice_calc"],
+        c13(*to_b6, typing("=SUM(B2:B5)\n"), *save),
+    )
+    task(
+        "calc-average",
+        "In costs.xlsx, put the average cost of B2:B5 in cell B7 and save the file.",
+        setup,
+        cell_check("B7", "approx", 5.5),
+        ["libreoffice_calc"],
+        c13(*to_b6, press("down"), typing("=AVERAGE(B2:B5)\n"), *save),
+    )
+    task(
+        "calc-max",
+        "In costs.xlsx, write the largest cost of B2:B5 into D1 and save the file.",
+        setup,
+        cell_check("D1", "eq", 12),
+        ["libreoffice_calc"],
+        {
+            "action_space": "pyautogui",
+            "actions": [
+                "pyautogui.hotkey('ctrl', 'Home')\npyautogui.press('right', presses=3)",
+                "pyautogui.typewrite('=MAX(B2:B5)\\n')",
+                "pyautogui.hotkey('ctrl', 's')",
+                "WAIT",
+            ],
+        },
+    )
+    task(
+        "calc-header",
+        "In costs.xlsx, label column C by writing Total in cell C1, then save.",
+        setup,
+        cell_check("C1", "str_eq", "Total"),
+        ["libreoffice_calc"],
+        c13(hotkey("ctrl", "Home"), press("right"), press("right"), typing("Total\n"), *save),
+    )
     put("costs-glue.xlsx", workbook([*COSTS, ("Glue", 4)]))
-    task("calc-add-row", "In costs.xlsx, add a new item Glue costing 4 as the next row (A6:B6) and save.",
-         setup, {"func": "compare_table", "result": vm_file(xlsx), "expected": cloud("costs-glue.xlsx"),
-                 "options": {"rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}},
-         ["libreoffice_calc"], c13(*to_b6[:1], *[press("down")] * 5, typing("Glue\t4\n"), *save))
+    task(
+        "calc-add-row",
+        "In costs.xlsx, add a new item Glue costing 4 as the next row (A6:B6) and save.",
+        setup,
+        {
+            "func": "compare_table",
+            "result": vm_file(xlsx),
+            "expected": cloud("costs-glue.xlsx"),
+            "options": {
+                "rules": [{"type": "sheet_data", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
+            },
+        },
+        ["libreoffice_calc"],
+        c13(*to_b6[:1], *[press("down")] * 5, typing("Glue\t4\n"), *save),
+    )
     put("costs-card.xlsx", workbook([("Item", "Cost"), ("Card", 3), *COSTS[2:]]))
-    task("calc-rename-item", "In costs.xlsx, the item Paper is now called Card: change A2 and save the file.",
-         setup, {"func": "compare_table", "result": vm_file(xlsx), "expected": cloud("costs-card.xlsx"),
-                 "options": {"rules": [{"type": "sheet_print", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]}},
-         ["libreoffice_calc"], c13(hotkey("ctrl", "Home"), press("down"), typing("Card\n"), *save))
+    task(
+        "calc-rename-item",
+        "In costs.xlsx, the item Paper is now called Card: change A2 and save the file.",
+        setup,
+        {
+            "func": "compare_table",
+            "result": vm_file(xlsx),
+            "expected": cloud("costs-card.xlsx"),
+            "options": {
+                "rules": [{"type": "sheet_print", "sheet_idx0": "RI0", "sheet_idx1": "EI0"}]
+            },
+        },
+        ["libreoffice_calc"],
+        c13(hotkey("ctrl", "Home"), press("down"), typing("Card\n"), *save),
+    )
     put("costs-note.xlsx", workbook([*COSTS, (None, None), ("checked by finance",)]))
-    task("calc-note", "In costs.xlsx, write the note 'checked by finance' in cell A7 and save.",
-         setup, {"func": "compare_table", "result": vm_file(xlsx), "expected": cloud("costs-note.xlsx"),
-                 "options": {"rules": [{"type": "sheet_fuzzy", "sheet_idx0": "RI0", "sheet_idx1": "EI0",
-                                        "rules": [{"range": ["A7:A7"], "type": "fuzzy_match", "threshold": 90,
-                                                   "ignore_case": True}]}]}},
-         ["libreoffice_calc"], c13(hotkey("ctrl", "Home"), *[press("down")] * 6, typing("Checked by finance\n"), *save))
+    task(
+        "calc-note",
+        "In costs.xlsx, write the note 'checked by finance' in cell A7 and save.",
+        setup,
+        {
+            "func": "compare_table",
+            "result": vm_file(xlsx),
+            "expected": cloud("costs-note.xlsx"),
+            "options": {
+                "rules": [
+                    {
+                        "type": "sheet_fuzzy",
+                        "sheet_idx0": "RI0",
+                        "sheet_idx1": "EI0",
+                        "rules": [
+                            {
+                                "range": ["A7:A7"],
+                                "type": "fuzzy_match",
+                                "threshold": 90,
+                                "ignore_case": True,
+                            }
+                        ],
+                    }
+                ]
+            },
+        },
+        ["libreoffice_calc"],
+        c13(hotkey("ctrl", "Home"), *[press("down")] * 6, typing("Checked by finance\n"), *save),
+    )
 
 
 def writer_tasks() -> None:
@@ -195,20 +271,53 @@ def writer_tasks() -> None:
     put("notes.docx", docx(base))
     save = [hotkey("ctrl", "s"), "WAIT"]
     put("notes-third.docx", docx([*base, "Third paragraph."]))
-    task("writer-append", "In notes.docx, add a third paragraph that reads 'Third paragraph.' and save the file.",
-         setup, {"func": "compare_docx_files", "result": vm_file(path), "expected": cloud("notes-third.docx")},
-         ["libreoffice_writer"], c13(hotkey("ctrl", "End"), press("enter"), typing("Third paragraph."), *save))
+    task(
+        "writer-append",
+        "In notes.docx, add a third paragraph that reads 'Third paragraph.' and save the file.",
+        setup,
+        {
+            "func": "compare_docx_files",
+            "result": vm_file(path),
+            "expected": cloud("notes-third.docx"),
+        },
+        ["libreoffice_writer"],
+        c13(hotkey("ctrl", "End"), press("enter"), typing("Third paragraph."), *save),
+    )
     put("notes-title.docx", docx(["Report", *base]))
-    task("writer-title", "In notes.docx, insert a first paragraph 'Report' above the existing text and save.",
-         setup, {"func": "compare_docx_files", "result": vm_file(path), "expected": cloud("notes-title.docx")},
-         ["libreoffice_writer"], {"action_space": "computer_use", "actions": [
-             {"action": "key", "text": "ctrl+Home"}, {"action": "type", "text": "Report\n"},
-             {"action": "key", "text": "ctrl+s"}, {"action": "wait", "duration": 2}]})
+    task(
+        "writer-title",
+        "In notes.docx, insert a first paragraph 'Report' above the existing text and save.",
+        setup,
+        {
+            "func": "compare_docx_files",
+            "result": vm_file(path),
+            "expected": cloud("notes-title.docx"),
+        },
+        ["libreoffice_writer"],
+        {
+            "action_space": "computer_use",
+            "actions": [
+                {"action": "key", "text": "ctrl+Home"},
+                {"action": "type", "text": "Report\n"},
+                {"action": "key", "text": "ctrl+s"},
+                {"action": "wait", "duration": 2},
+            ],
+        },
+    )
     put("notes-more.docx", docx(["First paragraph.", "Second paragraph, extended."]))
-    task("writer-extend", "In notes.docx, change the second paragraph to 'Second paragraph, extended.' and save.",
-         setup, {"func": "compare_docx_files", "result": vm_file(path), "expected": cloud("notes-more.docx"),
-                 "options": {"ignore_blanks": True}},
-         ["libreoffice_writer"], c13(hotkey("ctrl", "End"), press("backspace"), typing(", extended."), *save))
+    task(
+        "writer-extend",
+        "In notes.docx, change the second paragraph to 'Second paragraph, extended.' and save.",
+        setup,
+        {
+            "func": "compare_docx_files",
+            "result": vm_file(path),
+            "expected": cloud("notes-more.docx"),
+            "options": {"ignore_blanks": True},
+        },
+        ["libreoffice_writer"],
+        c13(hotkey("ctrl", "End"), press("backspace"), typing(", extended."), *save),
+    )
     letter = f"{H}/Desktop/letter.docx"
     put("letter.docx", docx(["Dear reader,", "This letter becomes a PDF.", "Regards"]))
 
@@ -222,11 +331,18 @@ def writer_tasks() -> None:
             shutil.copyfile(Path(folder) / "letter.pdf", target)
 
     put("letter.pdf", gold_pdf)
-    task("os-docx-to-pdf", "Convert letter.docx on the Desktop to a PDF named letter.pdf in the same folder.",
-         [download("letter.docx", letter), XTERM],
-         {"func": "compare_pdfs", "result": vm_file(f"{H}/Desktop/letter.pdf"), "expected": cloud("letter.pdf")},
-         ["terminal", "libreoffice_writer"],
-         shell_solution("cd ~/Desktop && soffice --headless --convert-to pdf letter.docx", waits=5))
+    task(
+        "os-docx-to-pdf",
+        "Convert letter.docx on the Desktop to a PDF named letter.pdf in the same folder.",
+        [download("letter.docx", letter), XTERM],
+        {
+            "func": "compare_pdfs",
+            "result": vm_file(f"{H}/Desktop/letter.pdf"),
+            "expected": cloud("letter.pdf"),
+        },
+        ["terminal", "libreoffice_writer"],
+        shell_solution("cd ~/Desktop && soffice --headless --convert-to pdf letter.docx", waits=5),
+    )
 
 
 def impress_tasks() -> None:
@@ -238,71 +354,172 @@ def impress_tasks() -> None:
              "examine_font_bold": False, "examine_font_italic": False, "examine_font_underline": False}  # fmt: skip
     save = [hotkey("ctrl", "s"), "WAIT"]
     edit_first = [press("tab"), press("enter"), hotkey("ctrl", "a")]
-    task("impress-title", "In deck.pptx, change the slide's title to 'Quarterly Results' and save the file.",
-         setup, {"func": "compare_pptx_files", "result": vm_file(path), "expected": cloud("deck-title.pptx"),
-                 "options": loose}, ["libreoffice_impress"],
-         c13(*edit_first, typing("Quarterly Results"), press("esc"), press("esc"), *save))
+    task(
+        "impress-title",
+        "In deck.pptx, change the slide's title to 'Quarterly Results' and save the file.",
+        setup,
+        {
+            "func": "compare_pptx_files",
+            "result": vm_file(path),
+            "expected": cloud("deck-title.pptx"),
+            "options": loose,
+        },
+        ["libreoffice_impress"],
+        c13(*edit_first, typing("Quarterly Results"), press("esc"), press("esc"), *save),
+    )
     put("deck-final.pptx", pptx("Old title", "Final"))
-    task("impress-subtitle", "In deck.pptx, change the subtitle from 'Draft' to 'Final' and save the file.",
-         setup, {"func": "compare_pptx_files", "result": vm_file(path), "expected": cloud("deck-final.pptx"),
-                 "options": loose}, ["libreoffice_impress"],
-         c13(press("tab"), press("tab"), press("enter"), hotkey("ctrl", "a"), typing("Final"), press("esc"),
-             press("esc"), *save))
-    task("impress-infeasible-video", "In deck.pptx, embed the live YouTube stream of today's keynote on the slide.",
-         setup, {"func": "infeasible"}, ["libreoffice_impress"], c13("FAIL"))
+    task(
+        "impress-subtitle",
+        "In deck.pptx, change the subtitle from 'Draft' to 'Final' and save the file.",
+        setup,
+        {
+            "func": "compare_pptx_files",
+            "result": vm_file(path),
+            "expected": cloud("deck-final.pptx"),
+            "options": loose,
+        },
+        ["libreoffice_impress"],
+        c13(
+            press("tab"),
+            press("tab"),
+            press("enter"),
+            hotkey("ctrl", "a"),
+            typing("Final"),
+            press("esc"),
+            press("esc"),
+            *save,
+        ),
+    )
+    task(
+        "impress-infeasible-video",
+        "In deck.pptx, embed the live YouTube stream of today's keynote on the slide.",
+        setup,
+        {"func": "infeasible"},
+        ["libreoffice_impress"],
+        c13("FAIL"),
+    )
 
 
 def terminal_tasks() -> None:
-    task("os-mkdir", "Create a folder named Projects inside the Documents folder of your home.", [XTERM],
-         {"func": "exact_match", "result": command("test -d /home/user/Documents/Projects && echo yes || echo no"),
-          "expected": rule(expected="yes")}, ["terminal"], shell_solution("mkdir ~/Documents/Projects"))
+    task(
+        "os-mkdir",
+        "Create a folder named Projects inside the Documents folder of your home.",
+        [XTERM],
+        {
+            "func": "exact_match",
+            "result": command("test -d /home/user/Documents/Projects && echo yes || echo no"),
+            "expected": rule(expected="yes"),
+        },
+        ["terminal"],
+        shell_solution("mkdir ~/Documents/Projects"),
+    )
     put_text("hello.txt", "hello world\n")
-    task("os-write-file", "Create the file hello.txt on the Desktop containing the single line: hello world",
-         [XTERM], {"func": "compare_text_file", "result": vm_file(f"{H}/Desktop/hello.txt"),
-                   "expected": cloud("hello.txt")}, ["terminal"],
-         shell_solution("echo 'hello world' > ~/Desktop/hello.txt"))
+    task(
+        "os-write-file",
+        "Create the file hello.txt on the Desktop containing the single line: hello world",
+        [XTERM],
+        {
+            "func": "compare_text_file",
+            "result": vm_file(f"{H}/Desktop/hello.txt"),
+            "expected": cloud("hello.txt"),
+        },
+        ["terminal"],
+        shell_solution("echo 'hello world' > ~/Desktop/hello.txt"),
+    )
     names = ["delta", "alpha", "charlie", "bravo", "echo"]
     put_text("names.txt", "\n".join(names) + "\n")
     put_text("names-sorted.txt", "\n".join(sorted(names)) + "\n")
-    task("os-sort", "Sort the lines of names.txt in Documents alphabetically into a new file sorted.txt there.",
-         [download("names.txt", f"{H}/Documents/names.txt"), XTERM],
-         {"func": "compare_text_file", "result": vm_file(f"{H}/Documents/sorted.txt"),
-          "expected": cloud("names-sorted.txt")}, ["terminal"],
-         shell_solution("sort ~/Documents/names.txt > ~/Documents/sorted.txt"))
+    task(
+        "os-sort",
+        "Sort the lines of names.txt in Documents alphabetically into a new file sorted.txt there.",
+        [download("names.txt", f"{H}/Documents/names.txt"), XTERM],
+        {
+            "func": "compare_text_file",
+            "result": vm_file(f"{H}/Documents/sorted.txt"),
+            "expected": cloud("names-sorted.txt"),
+        },
+        ["terminal"],
+        shell_solution("sort ~/Documents/names.txt > ~/Documents/sorted.txt"),
+    )
     log = [("INFO" if i % 3 else "ERROR") + f" event {i}" for i in range(42)]
     put_text("app.log", "\n".join(log) + "\n")
-    task("os-count-lines", "Write the number of lines in Documents/app.log (just the number) into Documents/count.txt.",
-         [download("app.log", f"{H}/Documents/app.log"), XTERM],
-         {"func": "exact_match", "result": vm_file(f"{H}/Documents/count.txt"), "expected": rule(expected="42")},
-         ["terminal"], shell_solution("wc -l < ~/Documents/app.log > ~/Documents/count.txt"))
-    task("os-errors", "Put only the ERROR lines of Documents/app.log into Documents/errors.txt.",
-         [download("app.log", f"{H}/Documents/app.log"), XTERM],
-         {"func": "check_list", "result": vm_file(f"{H}/Documents/errors.txt"),
-          "expected": rule(expect=["^ERROR event 0$", "^ERROR event 39$"], unexpect=["^INFO"])},
-         ["terminal"], shell_solution("grep ^ERROR ~/Documents/app.log > ~/Documents/errors.txt"))
+    task(
+        "os-count-lines",
+        "Write the number of lines in Documents/app.log (just the number) into Documents/count.txt.",
+        [download("app.log", f"{H}/Documents/app.log"), XTERM],
+        {
+            "func": "exact_match",
+            "result": vm_file(f"{H}/Documents/count.txt"),
+            "expected": rule(expected="42"),
+        },
+        ["terminal"],
+        shell_solution("wc -l < ~/Documents/app.log > ~/Documents/count.txt"),
+    )
+    task(
+        "os-errors",
+        "Put only the ERROR lines of Documents/app.log into Documents/errors.txt.",
+        [download("app.log", f"{H}/Documents/app.log"), XTERM],
+        {
+            "func": "check_list",
+            "result": vm_file(f"{H}/Documents/errors.txt"),
+            "expected": rule(expect=["^ERROR event 0$", "^ERROR event 39$"], unexpect=["^INFO"]),
+        },
+        ["terminal"],
+        shell_solution("grep ^ERROR ~/Documents/app.log > ~/Documents/errors.txt"),
+    )
     put_text("backup.sh", "#!/bin/sh\necho backing up\n")
-    task("os-chmod", "Make backup.sh in your home executable by its owner (mode 755).",
-         [download("backup.sh", f"{H}/backup.sh"), XTERM],
-         {"func": "exact_match", "result": command("stat -c %a /home/user/backup.sh"), "expected": rule(expected="755")},
-         ["terminal"], shell_solution("chmod 755 ~/backup.sh"))
+    task(
+        "os-chmod",
+        "Make backup.sh in your home executable by its owner (mode 755).",
+        [download("backup.sh", f"{H}/backup.sh"), XTERM],
+        {
+            "func": "exact_match",
+            "result": command("stat -c %a /home/user/backup.sh"),
+            "expected": rule(expected="755"),
+        },
+        ["terminal"],
+        shell_solution("chmod 755 ~/backup.sh"),
+    )
     put_text("settings.json", json.dumps({"theme": "light", "font_size": 12}) + "\n")
-    task("os-json-setting", "In ~/.config/app/settings.json, set theme to \"dark\" and leave font_size at 12.",
-         [download("settings.json", f"{H}/.config/app/settings.json"), XTERM],
-         {"func": "check_direct_json_object", "result": vm_file(f"{H}/.config/app/settings.json"),
-          "expected": rule(expected={"theme": "dark", "font_size": 12})}, ["terminal"],
-         shell_solution("sed -i 's/\"light\"/\"dark\"/' ~/.config/app/settings.json"))
+    task(
+        "os-json-setting",
+        'In ~/.config/app/settings.json, set theme to "dark" and leave font_size at 12.',
+        [download("settings.json", f"{H}/.config/app/settings.json"), XTERM],
+        {
+            "func": "check_direct_json_object",
+            "result": vm_file(f"{H}/.config/app/settings.json"),
+            "expected": rule(expected={"theme": "dark", "font_size": 12}),
+        },
+        ["terminal"],
+        shell_solution('sed -i \'s/"light"/"dark"/\' ~/.config/app/settings.json'),
+    )
     put_text("sales.csv", "region;units\nnorth;10\nsouth;7\n")
     put_text("sales-comma.csv", "region,units\nnorth,10\nsouth,7\n")
-    task("os-csv-commas", "Documents/sales.csv uses semicolons; make it comma-separated in place.",
-         [download("sales.csv", f"{H}/Documents/sales.csv"), XTERM],
-         {"func": "compare_csv", "result": vm_file(f"{H}/Documents/sales.csv"), "expected": cloud("sales-comma.csv")},
-         ["terminal"], shell_solution("sed -i 's/;/,/g' ~/Documents/sales.csv"))
+    task(
+        "os-csv-commas",
+        "Documents/sales.csv uses semicolons; make it comma-separated in place.",
+        [download("sales.csv", f"{H}/Documents/sales.csv"), XTERM],
+        {
+            "func": "compare_csv",
+            "result": vm_file(f"{H}/Documents/sales.csv"),
+            "expected": cloud("sales-comma.csv"),
+        },
+        ["terminal"],
+        shell_solution("sed -i 's/;/,/g' ~/Documents/sales.csv"),
+    )
     put_text("report-draft.txt", "quarterly report\n")
-    task("os-rename", "Rename Documents/report-draft.txt to report-final.txt.",
-         [download("report-draft.txt", f"{H}/Documents/report-draft.txt"), XTERM],
-         {"func": "check_include_exclude", "result": command("ls /home/user/Documents"),
-          "expected": rule(include=["report-final.txt"], exclude=["report-draft.txt"])}, ["terminal"],
-         shell_solution("mv ~/Documents/report-draft.txt ~/Documents/report-final.txt"))
+    task(
+        "os-rename",
+        "Rename Documents/report-draft.txt to report-final.txt.",
+        [download("report-draft.txt", f"{H}/Documents/report-draft.txt"), XTERM],
+        {
+            "func": "check_include_exclude",
+            "result": command("ls /home/user/Documents"),
+            "expected": rule(include=["report-final.txt"], exclude=["report-draft.txt"]),
+        },
+        ["terminal"],
+        shell_solution("mv ~/Documents/report-draft.txt ~/Documents/report-final.txt"),
+    )
 
     def photo(path: Path, rotate: bool = False) -> None:
         image = Image.new("RGB", (64, 48), (240, 240, 240))
@@ -311,13 +528,30 @@ def terminal_tasks() -> None:
 
     put("photo.png", photo)
     put("photo-rotated.png", lambda p: photo(p, rotate=True))
-    task("os-rotate-image", "Rotate Pictures/photo.png by 180 degrees and save it as Pictures/rotated.png.",
-         [download("photo.png", f"{H}/Pictures/photo.png"), XTERM],
-         {"func": "compare_images", "result": vm_file(f"{H}/Pictures/rotated.png"), "expected": cloud("photo-rotated.png")},
-         ["terminal"], shell_solution("python3 -c \"from PIL import Image; Image.open('/home/user/Pictures/photo.png')"
-                                      ".rotate(180).save('/home/user/Pictures/rotated.png')\"", waits=2))
-    task("os-infeasible-photoshop", "Open photo.png in Adobe Photoshop and apply its Neural Filters.",
-         [download("photo.png", f"{H}/Pictures/photo.png"), XTERM], {"func": "infeasible"}, ["terminal"], c13("FAIL"))
+    task(
+        "os-rotate-image",
+        "Rotate Pictures/photo.png by 180 degrees and save it as Pictures/rotated.png.",
+        [download("photo.png", f"{H}/Pictures/photo.png"), XTERM],
+        {
+            "func": "compare_images",
+            "result": vm_file(f"{H}/Pictures/rotated.png"),
+            "expected": cloud("photo-rotated.png"),
+        },
+        ["terminal"],
+        shell_solution(
+            "python3 -c \"from PIL import Image; Image.open('/home/user/Pictures/photo.png')"
+            ".rotate(180).save('/home/user/Pictures/rotated.png')\"",
+            waits=2,
+        ),
+    )
+    task(
+        "os-infeasible-photoshop",
+        "Open photo.png in Adobe Photoshop and apply its Neural Filters.",
+        [download("photo.png", f"{H}/Pictures/photo.png"), XTERM],
+        {"func": "infeasible"},
+        ["terminal"],
+        c13("FAIL"),
+    )
 
 
 def editor_tasks() -> None:
@@ -325,16 +559,36 @@ def editor_tasks() -> None:
     setup = [download("todo.txt", path), open_file(path)]
     put_text("todo.txt", "- write report\n")
     put_text("todo-milk.txt", "- write report\n- buy milk\n")
-    task("editor-append", "In the open todo.txt, add a line '- buy milk' after the existing one and save.",
-         setup, {"func": "compare_text_file", "result": vm_file(path), "expected": cloud("todo-milk.txt")},
-         ["mousepad"], c13(hotkey("ctrl", "End"), typing("- buy milk\n"), hotkey("ctrl", "s"), "WAIT"))
+    task(
+        "editor-append",
+        "In the open todo.txt, add a line '- buy milk' after the existing one and save.",
+        setup,
+        {"func": "compare_text_file", "result": vm_file(path), "expected": cloud("todo-milk.txt")},
+        ["mousepad"],
+        c13(hotkey("ctrl", "End"), typing("- buy milk\n"), hotkey("ctrl", "s"), "WAIT"),
+    )
     put_text("todo-done.txt", "nothing left to do\n")
-    task("editor-replace", "Replace the whole content of todo.txt with the single line 'nothing left to do' and save.",
-         setup, {"func": "compare_text_file", "result": vm_file(path), "expected": cloud("todo-done.txt"),
-                 "options": {"ignore_blanks": True}},
-         ["mousepad"], {"action_space": "computer_use", "actions": [
-             {"action": "key", "text": "ctrl+a"}, {"action": "type", "text": "nothing left to do\n"},
-             {"action": "key", "text": "ctrl+s"}, {"action": "wait", "duration": 2}]})
+    task(
+        "editor-replace",
+        "Replace the whole content of todo.txt with the single line 'nothing left to do' and save.",
+        setup,
+        {
+            "func": "compare_text_file",
+            "result": vm_file(path),
+            "expected": cloud("todo-done.txt"),
+            "options": {"ignore_blanks": True},
+        },
+        ["mousepad"],
+        {
+            "action_space": "computer_use",
+            "actions": [
+                {"action": "key", "text": "ctrl+a"},
+                {"action": "type", "text": "nothing left to do\n"},
+                {"action": "key", "text": "ctrl+s"},
+                {"action": "wait", "duration": 2},
+            ],
+        },
+    )
 
 
 def main() -> None:
@@ -347,7 +601,9 @@ def main() -> None:
     impress_tasks()
     terminal_tasks()
     editor_tasks()
-    print(f"{len(list(TASKS.glob('*.json')))} tasks in {TASKS}, {len(list(MIRROR.iterdir()))} files in {MIRROR}")
+    print(
+        f"{len(list(TASKS.glob('*.json')))} tasks in {TASKS}, {len(list(MIRROR.iterdir()))} files in {MIRROR}"
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,14 @@ def _desktop_available() -> None:
         pytest.fail(str(exc))
 
 
-def play(task_id: str, actions: list[Any], tmp_path: Path, *, space: str = "pyautogui", track: str = "code") -> Any:
+def play(
+    task_id: str,
+    actions: list[Any],
+    tmp_path: Path,
+    *,
+    space: str = "pyautogui",
+    track: str = "code",
+) -> Any:
     task = load_desktop_task(TASKS / f"{task_id}.json")
     return run_scripted(task, space, actions, mirror=MIRROR, track=track, episode_dir=tmp_path / "episode",
                         accessibility=False)  # fmt: skip
@@ -51,11 +58,15 @@ def play(task_id: str, actions: list[Any], tmp_path: Path, *, space: str = "pyau
 def test_calc_observation_screenshot_and_accessibility_tree(tmp_path: Path) -> None:
     with DesktopSession() as session:
         session.start()
-        assert session.request("launch", command=["soffice", "--calc", "--norestore"], wait_s=20)["window"]
+        assert session.request("launch", command=["soffice", "--calc", "--norestore"], wait_s=20)[
+            "window"
+        ]
         png, pointer = session.screenshot()
-        assert png.startswith(b"\x89PNG") and len(png) > 5000
-        from PIL import Image
+        assert png.startswith(b"\x89PNG")
+        assert len(png) > 5000
         import io
+
+        from PIL import Image
 
         image = Image.open(io.BytesIO(png))
         assert image.size == (1920, 1080)
@@ -63,14 +74,19 @@ def test_calc_observation_screenshot_and_accessibility_tree(tmp_path: Path) -> N
         assert image.getpixel((pointer[0], pointer[1] + 1)) in ((0, 0, 0), (255, 255, 255))
         reply = session.request("accessibility", max_nodes=5000)
         xml = reply["xml"]
-        assert reply["ok"] and "LibreOffice Calc" in xml and 'name="A1"' in xml and "menu" in xml
+        assert reply["ok"]
+        assert "LibreOffice Calc" in xml
+        assert 'name="A1"' in xml
+        assert "menu" in xml
         # the jail: its own uid, no network, no view of the checkout or the task files
         probe = session.request("execute", command="id -u; cat /proc/net/dev | wc -l; ls /work /root 2>&1 | head -2; "
                                 "echo $HOME", shell=True, timeout=10)["output"]  # fmt: skip
         uid, net_lines, *rest = probe.split("\n")
-        assert int(uid) == session.uid and int(uid) != 0
+        assert int(uid) == session.uid
+        assert int(uid) != 0
         assert int(net_lines) <= 3  # only loopback
-        assert "No such file" in "\n".join(rest) and "/home/user" in probe
+        assert "No such file" in "\n".join(rest)
+        assert "/home/user" in probe
         assert not (TASKS.exists() and str(ROOT) in probe)
     assert not any(os.stat(f"/proc/{p}").st_uid == session.uid for p in os.listdir("/proc") if p.isdigit()
                    and os.path.exists(f"/proc/{p}"))  # fmt: skip
@@ -82,9 +98,12 @@ def test_scripted_calc_solution_passes_in_every_action_space(tmp_path: Path) -> 
     assert solution is not None
     verdict = run_scripted(task, solution["action_space"], solution["actions"], mirror=MIRROR,
                            episode_dir=tmp_path / "e")  # fmt: skip
-    assert verdict.outcome is Outcome.PASSED and verdict.score == 1.0 and verdict.action_space == "pyautogui"
+    assert verdict.outcome is Outcome.PASSED
+    assert verdict.score == 1.0
+    assert verdict.action_space == "pyautogui"
     episode = tmp_path / "e"
-    assert (episode / "step-000.png").is_file() and (episode / "step-001.xml").is_file()
+    assert (episode / "step-000.png").is_file()
+    assert (episode / "step-001.xml").is_file()
     assert (episode / "step-001.a11y.tsv").read_text().startswith("tag\tname\ttext")
     assert len((episode / "actions.jsonl").read_text().splitlines()) == len(solution["actions"])
     assert json.loads((episode / "verdict.json").read_text())["outcome"] == "passed"
@@ -101,14 +120,17 @@ def test_cli_run_json_is_one_object(tmp_path: Path) -> None:
     verdict = json.loads(out.stdout)
     assert {"schema_version", "task_id", "outcome", "score", "steps", "track", "findings", "episode_dir",
             "provenance"} <= set(verdict)  # fmt: skip
-    assert verdict["outcome"] == "passed" and verdict["action_space"] == "computer_use" and verdict["steps"] == 2
+    assert verdict["outcome"] == "passed"
+    assert verdict["action_space"] == "computer_use"
+    assert verdict["steps"] == 2
 
 
 def test_shell_profile_that_echoes_the_answer_fails(tmp_path: Path) -> None:
     code = ("import os\nfor f in ('.bashrc', '.profile', '.bash_profile'):\n"
             "    open(os.path.expanduser('~/' + f), 'a').write('echo yes; exit 0\\n')")  # fmt: skip
     verdict = play("os-mkdir", [code, "DONE"], tmp_path)
-    assert verdict.outcome is Outcome.FAILED and verdict.score == 0.0
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
     assert "echo yes" in (tmp_path / "episode" / "snapshot" / ".bashrc").read_text()
 
 
@@ -117,7 +139,8 @@ def test_stub_program_named_like_the_check_fails(tmp_path: Path) -> None:
             "p = os.path.expanduser('~/bin/stat')\nopen(p, 'w').write('#!/bin/sh\\necho 755\\n')\nos.chmod(p, 0o755)\n"
             "open(os.path.expanduser('~/.bashrc'), 'a').write('export PATH=$HOME/bin:$PATH\\n')")  # fmt: skip
     verdict = play("os-chmod", [code, "DONE"], tmp_path)
-    assert verdict.outcome is Outcome.FAILED and verdict.score == 0.0
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
 
 
 def test_planted_expected_file_in_a_cache_is_never_read(tmp_path: Path) -> None:
@@ -128,7 +151,8 @@ def test_planted_expected_file_in_a_cache_is_never_read(tmp_path: Path) -> None:
                "    (p / 'hello.txt').write_text('wrong\\n')\n"
                "Path(os.path.expanduser('~/Desktop/hello.txt')).write_text('wrong\\n')")  # fmt: skip
     verdict = play("os-write-file", [planted, "DONE"], tmp_path)
-    assert verdict.outcome is Outcome.FAILED and verdict.score == 0.0
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
 
 
 def test_background_process_cannot_change_files_after_the_episode(tmp_path: Path) -> None:
@@ -136,7 +160,8 @@ def test_background_process_cannot_change_files_after_the_episode(tmp_path: Path
             " start_new_session=True)")  # fmt: skip
     started = time.monotonic()
     verdict = play("os-write-file", [code, "DONE"], tmp_path)
-    assert verdict.outcome is Outcome.FAILED and verdict.score == 0.0
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
     time.sleep(max(0.0, 4.5 - (time.monotonic() - started)))
     assert not (tmp_path / "episode" / "snapshot" / "Desktop" / "hello.txt").exists()
 
@@ -144,7 +169,8 @@ def test_background_process_cannot_change_files_after_the_episode(tmp_path: Path
 def test_gui_only_track_refuses_writing_the_graded_file_by_code(tmp_path: Path) -> None:
     code = "open('/home/user/Desktop/hello.txt', 'w').write('hello world\\n')"
     verdict = play("os-write-file", [code, "DONE"], tmp_path, track="gui-only")
-    assert verdict.outcome is Outcome.FAILED and verdict.score == 0.0
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
     assert [f.check for f in verdict.findings] == ["action_refused"]
     assert "gui-only track" in verdict.findings[0].message
     # the same code on the code track does write it (the track is what refused it)
@@ -153,8 +179,13 @@ def test_gui_only_track_refuses_writing_the_graded_file_by_code(tmp_path: Path) 
 
 
 def test_infeasible_task_scores_only_a_final_fail(tmp_path: Path) -> None:
-    assert play("os-infeasible-photoshop", ["FAIL"], tmp_path / "a", space="computer_13").score == 1.0
-    assert play("os-infeasible-photoshop", ["WAIT", "DONE"], tmp_path / "b", space="computer_13").score == 0.0
+    assert (
+        play("os-infeasible-photoshop", ["FAIL"], tmp_path / "a", space="computer_13").score == 1.0
+    )
+    assert (
+        play("os-infeasible-photoshop", ["WAIT", "DONE"], tmp_path / "b", space="computer_13").score
+        == 0.0
+    )
     assert play("os-mkdir", ["FAIL"], tmp_path / "c", space="computer_13").score == 0.0
 
 

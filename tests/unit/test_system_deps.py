@@ -30,15 +30,22 @@ def run(tmp_path: Path, target: str, **env: str) -> subprocess.CompletedProcess[
 def test_missing_packages_are_named_with_the_command(tmp_path: Path) -> None:
     out = run(tmp_path, "test")
     assert out.returncode == 1
-    assert out.stderr.startswith("system-deps: missing util-linux xvfb openbox dbus xdotool wmctrl ")
-    assert "redis-server redis-tools chromium; install them with: sudo apt-get install -y util-linux" in out.stderr
+    assert out.stderr.startswith(
+        "system-deps: missing util-linux xvfb openbox dbus xdotool wmctrl "
+    )
+    assert (
+        "redis-server redis-tools chromium; install them with: sudo apt-get install -y util-linux"
+        in out.stderr
+    )
     assert out.stderr.count("\n") == 1  # one line
 
 
 def test_desktop_names_the_desktop_packages(tmp_path: Path) -> None:
     out = run(tmp_path, "desktop")
     assert out.returncode == 1
-    assert "xvfb openbox" in out.stderr and "libreoffice-calc" in out.stderr and "xterm" in out.stderr
+    assert "xvfb openbox" in out.stderr
+    assert "libreoffice-calc" in out.stderr
+    assert "xterm" in out.stderr
     assert "redis" not in out.stderr
 
 

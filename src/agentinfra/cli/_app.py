@@ -20,8 +20,8 @@ from rich.logging import RichHandler
 
 import agentinfra
 from agentinfra._settings import load_settings
-from agentinfra.cli._grade import grade_command
 from agentinfra.cli._desktop import desktop_app
+from agentinfra.cli._grade import grade_command
 from agentinfra.cli._kv import kv_app
 from agentinfra.cli._kv_server import register as register_kv_server
 from agentinfra.cli._runs import register as register_runs

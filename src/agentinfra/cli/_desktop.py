@@ -32,7 +32,8 @@ desktop_app = typer.Typer(help="OSWorld-format desktop tasks: list, run scripted
                           no_args_is_help=True)  # fmt: skip
 
 MirrorOption = Annotated[
-    Path | None, typer.Option("--mirror", help="Local file mirror (default: mirror/ beside the tasks folder).")
+    Path | None,
+    typer.Option("--mirror", help="Local file mirror (default: mirror/ beside the tasks folder)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
 
@@ -60,13 +61,28 @@ def tasks_command(paths: Annotated[list[Path], typer.Argument(help="Task files o
         try:
             task = load_desktop_task(path)
             verdict = support(task, mirror or default_mirror(path))
-            row = {"task_id": task.id, "path": str(path), "supported": verdict.supported, "reason": verdict.reason}
-        except Exception as exc:  # noqa: BLE001 - one bad file is listed, the rest go on
-            row = {"task_id": None, "path": str(path), "supported": False, "reason": f"refused: {exc}"}
+            row = {
+                "task_id": task.id,
+                "path": str(path),
+                "supported": verdict.supported,
+                "reason": verdict.reason,
+            }
+        except Exception as exc:
+            row = {
+                "task_id": None,
+                "path": str(path),
+                "supported": False,
+                "reason": f"refused: {exc}",
+            }
         if as_json:
             print(json.dumps(row))
         else:
-            table.add_row(str(row["task_id"]), "yes" if row["supported"] else "no", str(row["reason"]), str(path))
+            table.add_row(
+                str(row["task_id"]),
+                "yes" if row["supported"] else "no",
+                str(row["reason"]),
+                str(path),
+            )
     if not as_json:
         Console().print(table)
 
@@ -74,10 +90,17 @@ def tasks_command(paths: Annotated[list[Path], typer.Argument(help="Task files o
 @desktop_app.command("run")
 def run_command(
     task_path: Annotated[Path, typer.Argument(metavar="TASK.json", help="One task file.")],
-    actions: Annotated[Path, typer.Option("--actions", help="ACTIONS.json: {\"action_space\", \"actions\"}.")],
+    actions: Annotated[
+        Path, typer.Option("--actions", help='ACTIONS.json: {"action_space", "actions"}.')
+    ],
     mirror: MirrorOption = None,
-    track: Annotated[str, typer.Option("--track", help="gui-only or code (pyautogui actions).")] = "gui-only",
-    out: Annotated[Path | None, typer.Option("--out", help="Episode directory (default runs/desktop/<task>-<time>).")] = None,
+    track: Annotated[
+        str, typer.Option("--track", help="gui-only or code (pyautogui actions).")
+    ] = "gui-only",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Episode directory (default runs/desktop/<task>-<time>)."),
+    ] = None,
     width: Annotated[int, typer.Option("--width")] = 1920,
     height: Annotated[int, typer.Option("--height")] = 1080,
     as_json: JsonOption = False,

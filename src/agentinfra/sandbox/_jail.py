@@ -263,7 +263,13 @@ def build_root(config: dict[str, Any]) -> None:
     if config.get("ptys"):
         # A private devpts instance: terminals inside the jail, none of the host's.
         root.mkdir("/dev/pts")
-        _mount("devpts", root.inside("/dev/pts"), "devpts", _MS_NOSUID | _MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0600")
+        _mount(
+            "devpts",
+            root.inside("/dev/pts"),
+            "devpts",
+            _MS_NOSUID | _MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=0600",
+        )
         root.symlink("/dev/ptmx", "pts/ptmx")
     root.mkdir("/dev/shm")
     _mount("tmpfs", root.inside("/dev/shm"), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1g")

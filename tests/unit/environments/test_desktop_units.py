@@ -62,8 +62,8 @@ def test_unknown_config_type_and_func_are_refused_by_name(tmp_path: Path) -> Non
         load_desktop_task(write_task(tmp_path, config=[{"type": "teleport", "parameters": {}}]))
     with pytest.raises(TaskEnvironmentError, match="unknown evaluator func 'is_good'"):
         load_desktop_task(write_task(tmp_path, evaluator={"func": "is_good"}))
+    (tmp_path / "bad.json").write_text("{")
     with pytest.raises(TaskEnvironmentError, match="not JSON"):
-        (tmp_path / "bad.json").write_text("{")
         load_desktop_task(tmp_path / "bad.json")
 
 
@@ -82,19 +82,28 @@ def test_unknown_config_type_and_func_are_refused_by_name(tmp_path: Path) -> Non
 )  # fmt: skip
 def test_unsupported_tasks_say_why(tmp_path: Path, changes: dict[str, Any], reason: str) -> None:
     verdict = support(load_desktop_task(write_task(tmp_path, **changes)), MIRROR)
-    assert not verdict.supported and reason in verdict.reason
+    assert not verdict.supported
+    assert reason in verdict.reason
 
 
 def test_mirror_naming_follows_osworld_cache() -> None:
     path = mirror_path(Path("/m"), "https://files.example/x/data%20set.xlsx")
-    assert path.name.endswith("_data set.xlsx") and len(path.name.split("_")[0]) == 36
+    assert path.name.endswith("_data set.xlsx")
+    assert len(path.name.split("_")[0]) == 36
 
 
 def test_computer_13_actions_become_code_and_bad_ones_are_errors() -> None:
     assert plan({"action_type": "CLICK", "parameters": {"x": 10, "y": 20}}, "computer_13", "gui-only", 1920, 1080).code \
         == "pyautogui.click(x=10, y=20, button='left', clicks=1)"  # fmt: skip
-    typed = plan({"action_type": "TYPING", "parameters": {"text": "a'); import os; ('"}}, "computer_13", "gui-only", 100, 100)
-    assert typed.code.startswith("pyautogui.typewrite(") and "import os" in typed.code
+    typed = plan(
+        {"action_type": "TYPING", "parameters": {"text": "a'); import os; ('"}},
+        "computer_13",
+        "gui-only",
+        100,
+        100,
+    )
+    assert typed.code.startswith("pyautogui.typewrite(")
+    assert "import os" in typed.code
     check_gui_only(typed.code)  # the text is a literal, not code
     assert plan("FAIL", "computer_13", "gui-only", 100, 100).end == "FAIL"
     for action, message in (
@@ -109,11 +118,19 @@ def test_computer_13_actions_become_code_and_bad_ones_are_errors() -> None:
 def test_computer_use_actions() -> None:
     assert plan({"action": "key", "text": "ctrl+Return"}, "computer_use", "gui-only", 800, 600).code == \
         "pyautogui.hotkey('ctrl', 'enter')"  # fmt: skip
-    assert plan({"action": "triple_click", "coordinate": [5, 5]}, "computer_use", "gui-only", 800, 600).code.endswith("clicks=3)")
+    assert plan(
+        {"action": "triple_click", "coordinate": [5, 5]}, "computer_use", "gui-only", 800, 600
+    ).code.endswith("clicks=3)")
     assert plan({"action": "scroll", "scroll_direction": "down", "scroll_amount": 2}, "computer_use", "x", 8, 8).code == \
         "pyautogui.vscroll(-2)"  # fmt: skip
     with pytest.raises(ActionError, match="coordinate"):
-        plan({"action": "left_click_drag", "coordinate": [1, 1]}, "computer_use", "gui-only", 800, 600)
+        plan(
+            {"action": "left_click_drag", "coordinate": [1, 1]},
+            "computer_use",
+            "gui-only",
+            800,
+            600,
+        )
 
 
 @pytest.mark.parametrize(
@@ -135,7 +152,9 @@ def test_gui_only_refuses_anything_but_input_calls(code: str) -> None:
 
 
 def test_gui_only_allows_input_calls_and_sleep() -> None:
-    check_gui_only("import pyautogui\nimport time\npyautogui.click(10, 20)\ntime.sleep(0.5)\npyautogui.hotkey('ctrl', 's')")
+    check_gui_only(
+        "import pyautogui\nimport time\npyautogui.click(10, 20)\ntime.sleep(0.5)\npyautogui.hotkey('ctrl', 's')"
+    )
 
 
 def book(path: Path, rows: list[tuple[Any, ...]]) -> str:
@@ -154,11 +173,21 @@ def test_compare_table_rules(tmp_path: Path) -> None:
     assert evaluate.compare_table(a, b, **data) == 1.0
     assert evaluate.compare_table(a, c, **data) == 0.0
     assert evaluate.compare_table(None, b, **data) == 0.0
-    cell = {"rules": [{"type": "check_cell", "sheet_idx": "RI0", "coordinate": "B2", "props": {"value": {"method": "eq", "ref": 2}}}]}
+    cell = {
+        "rules": [
+            {
+                "type": "check_cell",
+                "sheet_idx": "RI0",
+                "coordinate": "B2",
+                "props": {"value": {"method": "eq", "ref": 2}},
+            }
+        ]
+    }
     assert evaluate.compare_table(a, None, **cell) == 1.0
     fuzzy = {"rules": [{"type": "sheet_fuzzy", "sheet_idx0": "RI0", "sheet_idx1": "EI0",
                         "rules": [{"range": ["A2:A2"], "type": "fuzzy_match", "threshold": 90}]}]}  # fmt: skip
-    assert evaluate.compare_table(a, b, **fuzzy) == 1.0 and evaluate.compare_table(a, c, **fuzzy) == 0.0
+    assert evaluate.compare_table(a, b, **fuzzy) == 1.0
+    assert evaluate.compare_table(a, c, **fuzzy) == 0.0
 
 
 def test_docx_metrics(tmp_path: Path) -> None:
@@ -171,7 +200,9 @@ def test_docx_metrics(tmp_path: Path) -> None:
 
     a, b = docx("a.docx", ["One", "Two"]), docx("b.docx", ["One", "Two"], spacing=1.5)
     assert evaluate.compare_docx_files(a, b) == 1.0
-    assert evaluate.compare_docx_files(a, docx("c.docx", ["One", "Tw o"]), ignore_blanks=True) == 1.0
+    assert (
+        evaluate.compare_docx_files(a, docx("c.docx", ["One", "Tw o"]), ignore_blanks=True) == 1.0
+    )
     assert evaluate.compare_docx_files(a, docx("d.docx", ["One"])) == 0.0
     assert evaluate.compare_line_spacing(b, docx("e.docx", ["One", "Two"], spacing=1.5)) == 1.0
     assert evaluate.compare_line_spacing(a, b) == 0.0
@@ -183,23 +214,32 @@ def test_text_metrics(tmp_path: Path) -> None:
     assert evaluate.check_list(result, {"expect": ["^ERROR"], "unexpect": []}) == 1.0
     assert evaluate.check_list(result, {"expect": ["^ERROR"], "unexpect": ["^INFO"]}) == 0.0
     assert evaluate.exact_match("755\n", {"expected": "755"}) == 1.0
-    assert evaluate.exact_match(str(tmp_path / "r.txt"), {"expected": "ERROR a"}) == 0.0  # a string, not a file
+    assert (
+        evaluate.exact_match(str(tmp_path / "r.txt"), {"expected": "ERROR a"}) == 0.0
+    )  # a string, not a file
     assert evaluate.check_include_exclude("a b", {"include": ["a"], "exclude": ["c"]}) == 1.0
     assert evaluate.check_direct_json_object('{"k": 1, "j": 2}', {"expected": {"k": 1}}) == 1.0
     assert evaluate.check_direct_json_object("not json", {"expected": {"k": 1}}) == 0.0
 
 
 def test_accessibility_table_is_trimmed_to_budget() -> None:
-    st, cp = "https://accessibility.ubuntu.example.org/ns/state", "https://accessibility.ubuntu.example.org/ns/component"
+    st, cp = (
+        "https://accessibility.ubuntu.example.org/ns/state",
+        "https://accessibility.ubuntu.example.org/ns/component",
+    )
     buttons = "".join(
-        f'<push-button name="Button {i}" st:showing="true" cp:screencoord="({i}, 5)" cp:size="(10, 10)"/>' for i in range(500)
+        f'<push-button name="Button {i}" st:showing="true" cp:screencoord="({i}, 5)" cp:size="(10, 10)"/>'
+        for i in range(500)
     )
     hidden = '<push-button name="Hidden" cp:screencoord="(1, 1)" cp:size="(10, 10)"/>'
     xml = f'<desktop-frame xmlns:st="{st}" xmlns:cp="{cp}">{buttons}{hidden}</desktop-frame>'
     table = flatten_accessibility(xml, max_tokens=200)
     lines = table.splitlines()
-    assert lines[0] == HEADER and lines[1].startswith("push-button\tButton 0\t")
-    assert "Hidden" not in table and "more rows cut" in lines[-1] and len(table) <= 200 * 4 + 80
+    assert lines[0] == HEADER
+    assert lines[1].startswith("push-button\tButton 0\t")
+    assert "Hidden" not in table
+    assert "more rows cut" in lines[-1]
+    assert len(table) <= 200 * 4 + 80
     assert "unreadable" in flatten_accessibility("<not xml")
 
 
@@ -216,14 +256,17 @@ def test_cli_tasks_json_lists_each_task(tmp_path: Path) -> None:
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert {r["task_id"] for r in rows} == {"os-mkdir", None}
     refused = next(r for r in rows if r["task_id"] is None)
-    assert not refused["supported"] and "is_good" in refused["reason"]
+    assert not refused["supported"]
+    assert "is_good" in refused["reason"]
     assert all({"task_id", "path", "supported", "reason"} <= set(r) for r in rows)
 
 
 def test_cli_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "actions.json").write_text('{"action_space": "telepathy", "actions": []}')
     out = cli("run", str(TASKS / "os-mkdir.json"), "--actions", str(tmp_path / "actions.json"))
-    assert out.returncode == 2 and "unknown action_space 'telepathy'" in out.stderr
+    assert out.returncode == 2
+    assert "unknown action_space 'telepathy'" in out.stderr
     assert out.stderr.strip().count("\n") == 0
     out = cli("run", str(TASKS / "os-mkdir.json"), "--actions", str(tmp_path / "missing.json"))
-    assert out.returncode == 2 and "does not exist" in out.stderr
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr

@@ -24,7 +24,12 @@ from agentinfra.environments.desktop._environment import (
 )
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
-from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task, mirror_path, support
+from agentinfra.environments.desktop._task import (
+    DesktopTask,
+    load_desktop_task,
+    mirror_path,
+    support,
+)
 
 __all__ = [
     "ACTION_SPACES",

@@ -52,8 +52,16 @@ def flatten_accessibility(xml: str, *, max_tokens: int = 10_000) -> str:
             continue
         showing = node.get(f"{_STATE}showing") == "true" or tag == "table-cell"
         name, text = node.get("name", ""), (node.text or "").strip()
-        position, size = _pair(node.get(f"{_COMPONENT}screencoord")), _pair(node.get(f"{_COMPONENT}size"))
-        if not showing or not (text if tag == "table-cell" else name or text) or position is None or size is None:
+        position, size = (
+            _pair(node.get(f"{_COMPONENT}screencoord")),
+            _pair(node.get(f"{_COMPONENT}size")),
+        )
+        if (
+            not showing
+            or not (text if tag == "table-cell" else name or text)
+            or position is None
+            or size is None
+        ):
             continue
         if size[0] <= 0 or size[1] <= 0 or position[0] < 0 or position[1] < 0:
             continue

@@ -91,7 +91,9 @@ def plan(action: Any, space: str, track: str, width: int, height: int) -> Step:
     raise ActionError(f"unknown action space {space!r}; use one of {', '.join(ACTION_SPACES)}")
 
 
-def _point(params: dict[str, Any], width: int, height: int, keys: tuple[str, str] = ("x", "y")) -> tuple[int, int]:
+def _point(
+    params: dict[str, Any], width: int, height: int, keys: tuple[str, str] = ("x", "y")
+) -> tuple[int, int]:
     try:
         x, y = (params[k] for k in keys)
     except KeyError as exc:
@@ -108,7 +110,7 @@ def _checked_point(x: Any, y: Any, width: int, height: int) -> tuple[int, int]:
 
 
 def _key(name: Any) -> str:
-    if not isinstance(name, str) or name.lower() not in KEYS and name not in KEYS:
+    if not isinstance(name, str) or (name.lower() not in KEYS and name not in KEYS):
         raise ActionError(f"unknown key {name!r} (pyautogui key names: enter, ctrl, a, f5, ...)")
     return name if name in KEYS else name.lower()
 
@@ -122,7 +124,9 @@ def _button(params: dict[str, Any]) -> str:
 
 def _computer_13(action: Any, width: int, height: int) -> Step:
     if not isinstance(action, dict) or "action_type" not in action:
-        raise ActionError("a computer_13 action is {\"action_type\": ..., \"parameters\": {...}} or WAIT/FAIL/DONE")
+        raise ActionError(
+            'a computer_13 action is {"action_type": ..., "parameters": {...}} or WAIT/FAIL/DONE'
+        )
     kind = action["action_type"]
     params = action.get("parameters") or {}
     if not isinstance(params, dict):
@@ -147,7 +151,9 @@ def _computer_13(action: Any, width: int, height: int) -> Step:
         return Step(code=f"pyautogui.dragTo({x}, {y}, duration=0.3, button='left')")
     if kind == "SCROLL":
         dx, dy = params.get("dx", 0), params.get("dy", 0)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 100 for v in (dx, dy)):
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 100 for v in (dx, dy)
+        ):
             raise ActionError(f"SCROLL dx and dy must be integers within +-100, got {dx!r}, {dy!r}")
         return Step(code=f"pyautogui.hscroll({dx})\npyautogui.vscroll({dy})")
     if kind == "TYPING":
@@ -173,7 +179,7 @@ def _xdotool_key(name: str) -> str:
 
 def _computer_use(action: Any, width: int, height: int) -> Step:
     if not isinstance(action, dict) or "action" not in action:
-        raise ActionError("a computer_use action is {\"action\": ..., ...}")
+        raise ActionError('a computer_use action is {"action": ..., ...}')
     kind = action["action"]
 
     def coordinate(key: str = "coordinate", required: bool = True) -> tuple[int, int] | None:
@@ -214,13 +220,22 @@ def _computer_use(action: Any, width: int, height: int) -> Step:
     if kind == "left_click_drag":
         start = coordinate("start_coordinate")
         end = coordinate()
-        assert start is not None and end is not None
-        return Step(code=f"pyautogui.moveTo{start!r}\npyautogui.dragTo({end[0]}, {end[1]}, duration=0.3, button='left')")
+        assert start is not None
+        assert end is not None
+        return Step(
+            code=f"pyautogui.moveTo{start!r}\npyautogui.dragTo({end[0]}, {end[1]}, duration=0.3, button='left')"
+        )
     if kind == "scroll":
         where = coordinate(required=False)
         direction, amount = action.get("scroll_direction"), action.get("scroll_amount", 3)
-        if direction not in ("up", "down", "left", "right") or not isinstance(amount, int) or not 0 < amount <= 100:
-            raise ActionError("scroll needs scroll_direction up/down/left/right and scroll_amount 1..100")
+        if (
+            direction not in ("up", "down", "left", "right")
+            or not isinstance(amount, int)
+            or not 0 < amount <= 100
+        ):
+            raise ActionError(
+                "scroll needs scroll_direction up/down/left/right and scroll_amount 1..100"
+            )
         move = f"pyautogui.moveTo{where!r}\n" if where else ""
         sign = 1 if direction in ("up", "left") else -1
         verb = "vscroll" if direction in ("up", "down") else "hscroll"
@@ -245,7 +260,9 @@ def check_gui_only(code: str) -> None:
     except SyntaxError as exc:
         raise ActionError(f"action code does not parse: {exc.msg} (line {exc.lineno})") from exc
     for statement in tree.body:
-        if isinstance(statement, ast.Import) and all(a.name in ("pyautogui", "time") and a.asname is None for a in statement.names):
+        if isinstance(statement, ast.Import) and all(
+            a.name in ("pyautogui", "time") and a.asname is None for a in statement.names
+        ):
             continue
         if not (isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call)):
             raise ActionError(
@@ -261,7 +278,11 @@ def check_gui_only(code: str) -> None:
                  or (func.value.id == "time" and func.attr == "sleep"))
         )  # fmt: skip
         if not allowed:
-            raise ActionError(f"gui-only track: line {statement.lineno} calls {ast.unparse(func)}, which is not allowed")
+            raise ActionError(
+                f"gui-only track: line {statement.lineno} calls {ast.unparse(func)}, which is not allowed"
+            )
         arguments = [*call.args, *(k.value for k in call.keywords)]
         if any(k.arg is None for k in call.keywords) or not all(_literal(a) for a in arguments):
-            raise ActionError(f"gui-only track: line {statement.lineno} passes a non-literal argument")
+            raise ActionError(
+                f"gui-only track: line {statement.lineno} passes a non-literal argument"
+            )

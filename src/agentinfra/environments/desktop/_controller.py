@@ -86,7 +86,7 @@ class Controller:
         return {"started_s": round(time.monotonic() - started, 3)}
 
     def _spawn(self, argv: list[str], *, shell: bool = False) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(  # noqa: S603 - the desktop user's own programs
+        process = subprocess.Popen(
             argv if not shell else argv[0],
             shell=shell,
             stdin=subprocess.DEVNULL,
@@ -140,7 +140,7 @@ class Controller:
     def execute(self, command: list[str] | str, shell: bool, timeout: float) -> dict[str, Any]:
         argv: Any = command if not isinstance(command, str) or shell else command.split()
         try:
-            done = subprocess.run(  # noqa: S603
+            done = subprocess.run(
                 argv, shell=shell, capture_output=True, timeout=timeout, cwd=os.environ["HOME"],
                 stdin=subprocess.DEVNULL, check=False,
             )  # fmt: skip
@@ -173,8 +173,8 @@ class Controller:
     # -- actions ---------------------------------------------------------------
     def run_code(self, code: str) -> dict[str, Any]:
         try:
-            exec(compile(code, "<action>", "exec"), dict(self.namespace))  # noqa: S102
-        except Exception as exc:  # noqa: BLE001 - the agent's error goes back to it
+            exec(compile(code, "<action>", "exec"), dict(self.namespace))
+        except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         return {}
 
@@ -200,15 +200,18 @@ class Controller:
         return {"png": base64.b64encode(buffer.getvalue()).decode(), "pointer": [x, y]}
 
     def accessibility(self, max_nodes: int, cells: bool = True) -> dict[str, Any]:
-        import pyatspi
         from xml.etree import ElementTree
+
+        import pyatspi
 
         for prefix, uri in _XML_NS.items():
             ElementTree.register_namespace(prefix, uri)
         desktop = pyatspi.Registry.getDesktop(0)
         deadline = time.monotonic() + 3
         while desktop.childCount == 0 and self._windows() and time.monotonic() < deadline:
-            time.sleep(0.2)  # an application that just mapped its window registers with AT-SPI soon after
+            time.sleep(
+                0.2
+            )  # an application that just mapped its window registers with AT-SPI soon after
         root = ElementTree.Element("desktop-frame", {"name": "Desktop"})
         count = [0]
 
@@ -219,7 +222,7 @@ class Controller:
             try:
                 states = node.getState().getStates()
                 total = node.childCount
-            except Exception:  # noqa: BLE001 - a node that went away mid-walk
+            except Exception:
                 return
             element = _describe(node, pyatspi, states)
             into.append(element)
@@ -234,7 +237,7 @@ class Controller:
             for index in range(total):
                 try:
                     child = node.getChildAtIndex(index)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     continue
                 if child is not None:
                     walk(child, element, depth + 1)
@@ -263,30 +266,30 @@ def _describe(node: Any, pyatspi: Any, states: Any = None) -> Any:
 
     try:
         role = node.getRoleName() or "unknown"
-    except Exception:  # noqa: BLE001
+    except Exception:
         role = "unknown"
     tag = role.replace(" ", "-")
     attributes: dict[str, str] = {}
     try:
         attributes["name"] = node.name or ""
-    except Exception:  # noqa: BLE001
+    except Exception:
         attributes["name"] = ""
     try:
         for state in states if states is not None else node.getState().getStates():
             name = pyatspi.stateToString(state).replace(" ", "_")
             attributes[f"{{{_XML_NS['st']}}}{name}"] = "true"
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         interfaces = set(node.get_interfaces())
-    except Exception:  # noqa: BLE001
+    except Exception:
         interfaces = set()
     try:
         for pair in node.getAttributes():
             key, _, value = pair.partition(":")
             if key.isidentifier():
                 attributes[f"{{{_XML_NS['attr']}}}{key}"] = value
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         if "Component" not in interfaces:
@@ -296,13 +299,13 @@ def _describe(node: Any, pyatspi: Any, states: Any = None) -> Any:
         w, h = component.getSize()
         attributes[f"{{{_XML_NS['cp']}}}screencoord"] = f"({x}, {y})"
         attributes[f"{{{_XML_NS['cp']}}}size"] = f"({w}, {h})"
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         description = node.description
         if description:
             attributes["description"] = description
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     element = ElementTree.Element(tag, attributes)
     try:
@@ -310,14 +313,14 @@ def _describe(node: Any, pyatspi: Any, states: Any = None) -> Any:
             raise NotImplementedError
         text = node.queryText()
         element.text = text.getText(0, min(text.characterCount, _TEXT_LIMIT))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     try:
         if "Value" not in interfaces:
             raise NotImplementedError
         value = node.queryValue()
         element.set(f"{{{_XML_NS['val']}}}value", str(value.currentValue))
-    except Exception:  # noqa: BLE001
+    except Exception:
         pass
     return element
 
@@ -336,7 +339,7 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
         component = table.queryComponent()
         tx, ty = component.getPosition(pyatspi.XY_SCREEN)
         tw, th = component.getSize()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return
     for row in range(min(iface.nRows, _CELL_ROWS)):
         for column in range(min(iface.nColumns, _CELL_COLUMNS)):
@@ -350,13 +353,17 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
                               f"{{{_XML_NS['cp']}}}screencoord": f"({cx}, {cy})",
                               f"{{{_XML_NS['cp']}}}size": f"({cw}, {ch})"}  # fmt: skip
                 for state in cell.getState().getStates():
-                    if state in (pyatspi.STATE_FOCUSED, pyatspi.STATE_SELECTED, pyatspi.STATE_SHOWING):
+                    if state in (
+                        pyatspi.STATE_FOCUSED,
+                        pyatspi.STATE_SELECTED,
+                        pyatspi.STATE_SHOWING,
+                    ):
                         name = pyatspi.stateToString(state).replace(" ", "_")
                         attributes[f"{{{_XML_NS['st']}}}{name}"] = "true"
                 element = ElementTree.Element("table-cell", attributes)
                 text = cell.queryText()
                 element.text = text.getText(0, min(text.characterCount, _TEXT_LIMIT)) or None
-            except Exception:  # noqa: BLE001 - a cell that went away mid-walk
+            except Exception:
                 continue
             into.append(element)
 
@@ -364,7 +371,7 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
 def main() -> None:
     controller = Controller()
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    handlers = {
+    handlers: dict[str, Any] = {
         "start": lambda r: controller.start(int(r["width"]), int(r["height"])),
         "write_file": lambda r: controller.write_file(r["path"], r["data"]),
         "launch": lambda r: controller.launch(
@@ -395,7 +402,7 @@ def main() -> None:
         try:
             reply = handlers[request["op"]](request)
             reply["ok"] = True
-        except Exception as exc:  # noqa: BLE001 - reported to the host, which decides
+        except Exception as exc:
             reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                      "trace": traceback.format_exc()[-2000:]}  # fmt: skip
         reply["elapsed_s"] = round(time.monotonic() - started, 4)

@@ -18,7 +18,9 @@ from agentinfra.environments import (
     AgentSetup,
     EnvironmentDefinition,
     Evaluation,
+    Finding,
     GraderSettings,
+    Outcome,
     ScoreSpec,
     Submission,
     Task,
@@ -28,7 +30,6 @@ from agentinfra.environments.desktop._episode import run_episode
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
 from agentinfra.environments.desktop._session import DesktopConfig
 from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task, support
-from agentinfra.environments import Finding, Outcome
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 
 __all__ = [
@@ -58,13 +59,15 @@ def default_mirror(task_path: Path) -> Path | None:
 def load_actions(document: Any, *, source: str = "actions") -> tuple[str, list[Any]]:
     """``{"action_space", "actions"}`` checked; returns both. Raises `ConfigError` naming what is wrong."""
     if not isinstance(document, dict) or "actions" not in document:
-        raise ConfigError(f"{source} must be an object with \"action_space\" and \"actions\"")
+        raise ConfigError(f'{source} must be an object with "action_space" and "actions"')
     space = document.get("action_space", "computer_13")
     if space not in ACTION_SPACES:
-        raise ConfigError(f"{source}: unknown action_space {space!r}; use one of {', '.join(ACTION_SPACES)}")
+        raise ConfigError(
+            f"{source}: unknown action_space {space!r}; use one of {', '.join(ACTION_SPACES)}"
+        )
     actions = document["actions"]
     if not isinstance(actions, list):
-        raise ConfigError(f"{source}: \"actions\" must be a list")
+        raise ConfigError(f'{source}: "actions" must be a list')
     return str(space), actions
 
 
@@ -125,7 +128,9 @@ class AuditRow:
                 "flagged": self.flagged, "reasons": list(self.reasons)}  # fmt: skip
 
 
-def audit_task(task: DesktopTask, mirror: Path | None, workdir: Path, *, config: DesktopConfig | None = None) -> AuditRow:
+def audit_task(
+    task: DesktopTask, mirror: Path | None, workdir: Path, *, config: DesktopConfig | None = None
+) -> AuditRow:
     """Three checks: do-nothing scores 0; FAIL-only scores 1 only if infeasible; the scripted solution scores 1.
 
     The do-nothing and FAIL-only episodes leave the desktop in the same state (FAIL
@@ -134,7 +139,9 @@ def audit_task(task: DesktopTask, mirror: Path | None, workdir: Path, *, config:
     reasons: list[str] = []
     supported = support(task, mirror)
     if not supported.supported:
-        return AuditRow(task.id, str(task.path), None, None, None, True, (f"unsupported: {supported.reason}",))
+        return AuditRow(
+            task.id, str(task.path), None, None, None, True, (f"unsupported: {supported.reason}",)
+        )
     idle = run_episode(task, ["FAIL"], action_space="computer_13", track="gui-only", episode_dir=workdir / "idle",
                        mirror=mirror, config=config, accessibility=False)  # fmt: skip
     fail_score = grade_episode(task, idle, mirror).score
@@ -143,7 +150,7 @@ def audit_task(task: DesktopTask, mirror: Path | None, workdir: Path, *, config:
     solution = task.solution()
     solution_score: float | None = None
     if solution is None:
-        reasons.append("no scripted solution (\"solution\": {\"action_space\", \"actions\"})")
+        reasons.append('no scripted solution ("solution": {"action_space", "actions"})')
     else:
         space, actions = load_actions(solution, source=f"task {task.id} solution")
         solved = run_scripted(task, space, actions, mirror=mirror, track=str(solution.get("track", "gui-only")),
@@ -152,20 +159,35 @@ def audit_task(task: DesktopTask, mirror: Path | None, workdir: Path, *, config:
         if solved.score < 1.0:
             reasons.append(f"scripted solution scores {solved.score:g} ({solved.outcome.value})")
     if do_nothing.outcome is Outcome.GRADER_ERROR:
-        reasons.append(f"grader error: {do_nothing.findings[-1].message if do_nothing.findings else ''}")
+        reasons.append(
+            f"grader error: {do_nothing.findings[-1].message if do_nothing.findings else ''}"
+        )
     if do_nothing.score > 0:
         reasons.append(f"a do-nothing episode scores {do_nothing.score:g}")
     if task.infeasible and fail_score != 1.0:
         reasons.append(f"FAIL on this infeasible task scores {fail_score:g}")
     if not task.infeasible and fail_score > 0:
         reasons.append(f"FAIL on this feasible task scores {fail_score:g}")
-    return AuditRow(task.id, str(task.path), do_nothing.score, fail_score, solution_score, bool(reasons), tuple(reasons))
+    return AuditRow(
+        task.id,
+        str(task.path),
+        do_nothing.score,
+        fail_score,
+        solution_score,
+        bool(reasons),
+        tuple(reasons),
+    )
 
 
-def audit(paths: list[Path], mirror: Path | None, *, workers: int = 2, config: DesktopConfig | None = None) -> list[AuditRow]:
+def audit(
+    paths: list[Path], mirror: Path | None, *, workers: int = 2, config: DesktopConfig | None = None
+) -> list[AuditRow]:
     """`audit_task` on every task, ``workers`` desktops at once, in the order given."""
     tasks = [load_desktop_task(p) for p in paths]
-    with tempfile.TemporaryDirectory(prefix="agentinfra-audit-") as folder, ThreadPoolExecutor(max(1, workers)) as pool:
+    with (
+        tempfile.TemporaryDirectory(prefix="agentinfra-audit-") as folder,
+        ThreadPoolExecutor(max(1, workers)) as pool,
+    ):
         futures = [pool.submit(audit_task, t, mirror if mirror else default_mirror(t.path), Path(folder) / f"{i:03d}", config=config)
                    for i, t in enumerate(tasks)]  # fmt: skip
         return [f.result() for f in futures]
@@ -177,7 +199,9 @@ def load_desktop_task_bytes(path: Path) -> Task:
         raise ConfigError(f"task {path} does not exist or is not a file (--task)")
     data = Path(path).read_bytes()
     if len(data) > _MAX_TASK_BYTES:
-        raise ConfigError(f"task {path} has {len(data)} bytes; a task file may have at most {_MAX_TASK_BYTES}")
+        raise ConfigError(
+            f"task {path} has {len(data)} bytes; a task file may have at most {_MAX_TASK_BYTES}"
+        )
     load_desktop_task(Path(path))
     return Task(name=Path(path).name, data=data, source=str(Path(path).resolve()))
 

@@ -28,7 +28,19 @@ from agentinfra.errors import TaskEnvironmentError
 __all__ = ["EpisodeResult", "Observation", "run_episode", "snapshot_home"]
 
 SNAPSHOT_LIMIT_BYTES = 1 << 30
-_OFFICE = {".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", ".odt", ".rtf", ".pptx", ".ppt", ".odp"}
+_OFFICE = {
+    ".xlsx",
+    ".xls",
+    ".ods",
+    ".csv",
+    ".docx",
+    ".doc",
+    ".odt",
+    ".rtf",
+    ".pptx",
+    ".ppt",
+    ".odp",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +88,24 @@ def _step(session: DesktopSession, step: dict[str, Any], mirror: Path | None) ->
                 raise TaskEnvironmentError(f"download of {url} needs a mirror (--mirror DIR)")
             source = mirror_path(mirror, url)
             if not source.is_file():
-                raise TaskEnvironmentError(f"{url} is not in the mirror {mirror} (expected {source.name})")
+                raise TaskEnvironmentError(
+                    f"{url} is not in the mirror {mirror} (expected {source.name})"
+                )
             reply = session.write_file(path, source.read_bytes())
             if not reply.get("ok"):
                 raise TaskEnvironmentError(f"download to {path} failed: {reply.get('error')}")
     elif kind == "launch":
-        session.request("launch", command=fill(params["command"]), shell=bool(params.get("shell")), wait_s=15)
+        session.request(
+            "launch", command=fill(params["command"]), shell=bool(params.get("shell")), wait_s=15
+        )
     elif kind == "open":
         path = str(fill(params["path"]))
         suffix = Path(path).suffix.lower()
-        command = ["soffice", "--norestore", "--nologo", path] if suffix in _OFFICE else ["mousepad", path]
+        command = (
+            ["soffice", "--norestore", "--nologo", path]
+            if suffix in _OFFICE
+            else ["mousepad", path]
+        )
         session.request("launch", command=command, wait_s=20, timeout_s=40)
     elif kind in ("execute", "command"):
         session.request("execute", command=fill(params["command"]), shell=bool(params.get("shell")),
@@ -113,7 +133,9 @@ def _save(directory: Path, index: int, observation: Observation) -> None:
     (directory / f"step-{index:03d}.png").write_bytes(observation.png)
     if observation.accessibility_xml is not None:
         (directory / f"step-{index:03d}.xml").write_text(observation.accessibility_xml)
-        (directory / f"step-{index:03d}.a11y.tsv").write_text(flatten_accessibility(observation.accessibility_xml))
+        (directory / f"step-{index:03d}.a11y.tsv").write_text(
+            flatten_accessibility(observation.accessibility_xml)
+        )
 
 
 def run_episode(
@@ -136,8 +158,8 @@ def run_episode(
     with DesktopSession(config) as session:
         try:
             session.start()
-            for step in task.config:
-                _step(session, step, mirror)
+            for setup in task.config:
+                _step(session, setup, mirror)
             result.setup_s = time.monotonic() - started
             _save(episode_dir, 0, observe(session, accessibility=accessibility))
             result.first_observation_s = time.monotonic() - started
@@ -216,7 +238,10 @@ def snapshot_home(home: Path, target: Path) -> Path:
                 continue
             total += info.st_size
             destination = target / relative / name
-            with open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as src, open(destination, "wb") as dst:
+            with (
+                open(source, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as src,
+                open(destination, "wb") as dst,
+            ):
                 shutil.copyfileobj(src, dst)
             os.utime(destination, ns=(info.st_atime_ns, info.st_mtime_ns))
             destination.chmod(info.st_mode & 0o777)
@@ -225,4 +250,3 @@ def snapshot_home(home: Path, target: Path) -> Path:
         if (target / relative).is_dir():
             os.chmod(target / relative, os.lstat(directory).st_mode & 0o777)
     return target
-

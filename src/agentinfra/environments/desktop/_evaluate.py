@@ -49,7 +49,13 @@ def resolve(spec: dict[str, Any] | None) -> Value:
         shell = bool(spec.get("shell", False))
         argv: Any = command if shell or isinstance(command, list) else command.split()
         if shell:
-            argv = ["/bin/bash", "--noprofile", "--norc", "-c", command if isinstance(command, str) else " ".join(command)]
+            argv = [
+                "/bin/bash",
+                "--noprofile",
+                "--norc",
+                "-c",
+                command if isinstance(command, str) else " ".join(command),
+            ]
         env = {"PATH": "/usr/bin:/bin", "HOME": "/home/user", "LANG": "C.UTF-8", "USER": "user"}
         done = subprocess.run(argv, capture_output=True, timeout=30, env=env, cwd="/home/user", check=False,
                               stdin=subprocess.DEVNULL)  # fmt: skip
@@ -84,7 +90,9 @@ def _grid(sheet: Any) -> list[list[Any]]:
     rows = [[_norm(v) for v in row] for row in rows]
     while rows and all(v is None for v in rows[-1]):
         rows.pop()
-    width = max((max((i + 1 for i, v in enumerate(r) if v is not None), default=0) for r in rows), default=0)
+    width = max(
+        (max((i + 1 for i, v in enumerate(r) if v is not None), default=0) for r in rows), default=0
+    )
     return [(r + [None] * width)[:width] for r in rows]
 
 
@@ -101,9 +109,9 @@ def _norm(value: Any) -> Any:
 def _compare_cell(value: Any, method: str, ref: Any) -> bool:
     value = _norm(value)
     if method == "eq":
-        return value == _norm(ref)
+        return bool(value == _norm(ref))
     if method == "ne":
-        return value != _norm(ref)
+        return bool(value != _norm(ref))
     if method in ("lt", "le", "gt", "ge"):
         try:
             a, b = float(value), float(ref)
@@ -160,7 +168,9 @@ def compare_table(result: Value, expected: Value = None, **options: Any) -> floa
     def pick(index: Any) -> Any:
         book = gold if str(index).startswith("E") else ours
         if book is None:
-            raise ValueError(f"rule names expected sheet {index!r} but the task has no expected file")
+            raise ValueError(
+                f"rule names expected sheet {index!r} but the task has no expected file"
+            )
         return _sheet(book, index)
 
     for rule in rules:
@@ -178,7 +188,9 @@ def compare_table(result: Value, expected: Value = None, **options: Any) -> floa
                 cell = sheet[rule["coordinate"]]
                 for prop, check in (rule.get("props") or {}).items():
                     if prop != "value":
-                        raise ValueError(f"check_cell property {prop!r} is not implemented (value only)")
+                        raise ValueError(
+                            f"check_cell property {prop!r} is not implemented (value only)"
+                        )
                     if not _compare_cell(cell.value, check.get("method", "eq"), check.get("ref")):
                         return 0.0
             elif kind == "sheet_fuzzy":
@@ -206,13 +218,22 @@ def compare_pptx_files(result: Value, expected: Value, **options: Any) -> float:
     if len(a.slides) != len(b.slides):
         return 0.0
     examine_shape = options.get("examine_shape", True)
-    font_checks = [k for k in ("bold", "italic", "underline", "size", "name") if options.get(f"examine_font_{k}", True)]
+    font_checks = [
+        k
+        for k in ("bold", "italic", "underline", "size", "name")
+        if options.get(f"examine_font_{k}", True)
+    ]
     for slide_a, slide_b in zip(a.slides, b.slides, strict=True):
         shapes_a, shapes_b = list(slide_a.shapes), list(slide_b.shapes)
         if len(shapes_a) != len(shapes_b):
             return 0.0
         for sa, sb in zip(shapes_a, shapes_b, strict=True):
-            if examine_shape and (sa.left, sa.top, sa.width, sa.height) != (sb.left, sb.top, sb.width, sb.height):
+            if examine_shape and (sa.left, sa.top, sa.width, sa.height) != (
+                sb.left,
+                sb.top,
+                sb.width,
+                sb.height,
+            ):
                 return 0.0
             if sa.has_text_frame != sb.has_text_frame:
                 return 0.0
@@ -232,7 +253,9 @@ def check_include_exclude(result: Value, rules: dict[str, Any], **_: Any) -> flo
     text = _text(result)
     if text is None:
         return 0.0
-    ok = all(s in text for s in rules.get("include", [])) and not any(s in text for s in rules.get("exclude", []))
+    ok = all(s in text for s in rules.get("include", [])) and not any(
+        s in text for s in rules.get("exclude", [])
+    )
     return 1.0 if ok else 0.0
 
 
@@ -286,7 +309,10 @@ def compare_line_spacing(result: Value, expected: Value, **_: Any) -> float:
     if len(a) != len(b):
         return 0.0
     for pa, pb in zip(a, b, strict=True):
-        if pa.text != pb.text or pa.paragraph_format.line_spacing != pb.paragraph_format.line_spacing:
+        if (
+            pa.text != pb.text
+            or pa.paragraph_format.line_spacing != pb.paragraph_format.line_spacing
+        ):
             return 0.0
     return 1.0
 
@@ -296,7 +322,11 @@ def compare_pdfs(result: Value, expected: Value, **_: Any) -> float:
     from pypdf import PdfReader
     from rapidfuzz import fuzz
 
-    pairs = list(zip(result, expected, strict=False)) if isinstance(result, list) else [(result, expected)]
+    pairs = (
+        list(zip(result, expected, strict=False))
+        if isinstance(result, list)
+        else [(result, expected)]
+    )
     scores = []
     for a, b in pairs:
         if a is None or b is None:
@@ -372,7 +402,7 @@ def main() -> None:
             score = METRICS[func](result, expected, **options)
             scores.append(float(score))
             errors.append("")
-        except Exception as exc:  # noqa: BLE001 - a broken result file scores 0, with the reason
+        except Exception as exc:
             scores.append(0.0)
             errors.append(f"{func}: {type(exc).__name__}: {exc}"[:1000])
     print(json.dumps({"scores": scores, "errors": errors}))

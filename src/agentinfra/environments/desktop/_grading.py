@@ -80,7 +80,15 @@ __all__ = ["GRADER_DISTRIBUTIONS", "GRADER_VERSION", "DesktopVerdict", "grade_ep
 
 GRADER_VERSION = "desktop-1"
 VERDICT_SCHEMA_VERSION = 1
-GRADER_DISTRIBUTIONS = ("openpyxl", "python-docx", "python-pptx", "rapidfuzz", "pypdf", "lxml", "pillow")
+GRADER_DISTRIBUTIONS = (
+    "openpyxl",
+    "python-docx",
+    "python-pptx",
+    "rapidfuzz",
+    "pypdf",
+    "lxml",
+    "pillow",
+)
 """What the grading jail imports (and their declared dependencies)."""
 _EVALUATE = Path(__file__).resolve().parent / "_evaluate.py"
 _GRADING_TIMEOUT_S = 120
@@ -117,7 +125,9 @@ class DesktopVerdict:
         }
 
 
-def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None, a11y: str | None) -> dict[str, Any] | None:
+def _getter(
+    spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None, a11y: str | None
+) -> dict[str, Any] | None:
     """A getter spec resolved to what the grading jail reads: a file, a value or a command."""
     if spec is None:
         return None
@@ -127,7 +137,8 @@ def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None
         return {"kind": "file", "path": paths}
     if kind == "cloud_file":
         urls = spec["path"] if isinstance(spec["path"], list) else [spec["path"]]
-        dests = spec.get("dest") if isinstance(spec.get("dest"), list) else [spec.get("dest")] * len(urls)
+        given = spec.get("dest")
+        dests: list[Any] = given if isinstance(given, list) else [given] * len(urls)
         inside = []
         for index, (url, dest) in enumerate(zip(urls, dests, strict=True)):
             if mirror is None:
@@ -157,10 +168,15 @@ def _relative_time(rules: dict[str, Any]) -> dict[str, Any]:
     offsets = {"today": 0, "yesterday": -1, "tomorrow": 1}
     origin = relative.get("from", "today")
     if origin not in offsets:
-        raise TaskEnvironmentError(f"rule_relativeTime from {origin!r} is not implemented (today, yesterday, tomorrow)")
+        raise TaskEnvironmentError(
+            f"rule_relativeTime from {origin!r} is not implemented (today, yesterday, tomorrow)"
+        )
     day = dt.date.today() + dt.timedelta(days=offsets[origin])
     expected = rules.get("expected") or {}
-    return {**rules, "expected": {k: day.strftime(v) if isinstance(v, str) else v for k, v in expected.items()}}
+    return {
+        **rules,
+        "expected": {k: day.strftime(v) if isinstance(v, str) else v for k, v in expected.items()},
+    }
 
 
 def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) -> dict[str, Any]:
@@ -171,8 +187,14 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) 
     try:
         request = {
             "funcs": task.funcs,
-            "results": [_getter(s, expected_dir, mirror, episode.accessibility_xml) for s in task.specs("result")],
-            "expected": [_getter(s, expected_dir, mirror, episode.accessibility_xml) for s in task.specs("expected")],
+            "results": [
+                _getter(s, expected_dir, mirror, episode.accessibility_xml)
+                for s in task.specs("result")
+            ],
+            "expected": [
+                _getter(s, expected_dir, mirror, episode.accessibility_xml)
+                for s in task.specs("expected")
+            ],
             "options": [s or {} for s in task.specs("options")],
         }
         os.chmod(workspace, 0o711)
@@ -183,12 +205,21 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) 
             raise TaskEnvironmentError(f"{exc}; grade fewer episodes at once") from exc
         try:
             for path in [episode.snapshot, *episode.snapshot.rglob("*")]:
-                os.lchown(path, uid, uid)  # the grading uid reads with the episode's permission bits
+                os.lchown(
+                    path, uid, uid
+                )  # the grading uid reads with the episode's permission bits
             spec = JailSpec(
                 argv=(sys.executable, "-I", "/tmp/work/evaluate.py"),
-                env={"PATH": "/usr/bin:/bin", "HOME": "/tmp/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+                env={
+                    "PATH": "/usr/bin:/bin",
+                    "HOME": "/tmp/work",
+                    "LANG": "C.UTF-8",
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                },
                 uid=uid,
-                ro_paths=python_runtime_paths(GRADER_DISTRIBUTIONS) + system_library_paths() + ("/usr/bin", "/bin"),
+                ro_paths=python_runtime_paths(GRADER_DISTRIBUTIONS)
+                + system_library_paths()
+                + ("/usr/bin", "/bin"),
                 binds=((str(episode.snapshot), "/home/user"), (str(expected_dir), "/expected")),
                 copy_in=((str(_EVALUATE), "evaluate.py"),),
                 limits=JailLimits(memory_bytes=4 << 30, max_processes=64, cpu_s=_GRADING_TIMEOUT_S),
@@ -197,7 +228,9 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) 
                 done = subprocess.run(spec.command("namespaces+uid"), input=json.dumps(request).encode(),
                                       capture_output=True, timeout=_GRADING_TIMEOUT_S, check=False)  # fmt: skip
             except subprocess.TimeoutExpired as exc:
-                raise TaskEnvironmentError(f"grading checks ran past {_GRADING_TIMEOUT_S} s") from exc
+                raise TaskEnvironmentError(
+                    f"grading checks ran past {_GRADING_TIMEOUT_S} s"
+                ) from exc
             finally:
                 kill_uid(uid)
         finally:
@@ -230,12 +263,19 @@ def grade_episode(task: DesktopTask, episode: EpisodeResult, mirror: Path | None
                     "task_path": str(task.path), "mirror": str(mirror) if mirror else None, **(provenance or {})},
     )  # fmt: skip
     for refusal in episode.refused:
-        verdict.findings.append(Finding(check="action_refused", severity="warn", message=refusal[:500]))
+        verdict.findings.append(
+            Finding(check="action_refused", severity="warn", message=refusal[:500])
+        )
     if episode.crashed:
         verdict.outcome = Outcome.CRASHED
-        verdict.findings.append(Finding(check="desktop", severity="warn", message=episode.crashed[:2000]))
+        verdict.findings.append(
+            Finding(check="desktop", severity="warn", message=episode.crashed[:2000])
+        )
         return verdict
-    if "accessibility_tree" in [s["type"] for s in task.specs("result") if s] and episode.track == "code":
+    if (
+        "accessibility_tree" in [s["type"] for s in task.specs("result") if s]
+        and episode.track == "code"
+    ):
         verdict.findings.append(Finding(
             check="accessibility_tree_trust", severity="warn",
             message="this task reads the live accessibility tree, which code-track actions could forge",
@@ -251,13 +291,21 @@ def grade_episode(task: DesktopTask, episode: EpisodeResult, mirror: Path | None
             reply = _run_checks(task, episode, mirror)
         except TaskEnvironmentError as exc:
             verdict.outcome = Outcome.GRADER_ERROR
-            verdict.findings.append(Finding(check="grader", severity="block", message=str(exc)[:2000]))
+            verdict.findings.append(
+                Finding(check="grader", severity="block", message=str(exc)[:2000])
+            )
             return verdict
         scores = [float(s) for s in reply["scores"]]
-        verdict.details["metric_scores"] = dict(zip(task.funcs, scores, strict=False)) if len(set(task.funcs)) == len(task.funcs) else scores
+        verdict.details["metric_scores"] = (
+            dict(zip(task.funcs, scores, strict=False))
+            if len(set(task.funcs)) == len(task.funcs)
+            else scores
+        )
         for error in reply.get("errors", []):
             if error:
-                verdict.findings.append(Finding(check="metric_error", severity="warn", message=str(error)[:1000]))
+                verdict.findings.append(
+                    Finding(check="metric_error", severity="warn", message=str(error)[:1000])
+                )
         verdict.score = _combine(task, scores)
     verdict.outcome = Outcome.PASSED if verdict.score >= 1.0 else Outcome.FAILED
     verdict.details["last_action"] = episode.last_action

@@ -172,7 +172,7 @@ class DesktopSession:
             raise TaskEnvironmentError(f"{exc}; run fewer desktops at once (--desktops)") from exc
         self._make_home()
         spec = self._jail()
-        self.process = subprocess.Popen(  # noqa: S603 - our own jail command line
+        self.process = subprocess.Popen(
             spec.command("namespaces+uid"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -257,7 +257,9 @@ class DesktopSession:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ControllerError(f"desktop controller did not answer {op} within {timeout:.0f} s")
+                raise ControllerError(
+                    f"desktop controller did not answer {op} within {timeout:.0f} s"
+                )
             ready, _, _ = select.select([fd], [], [], left)
             if not ready:
                 continue
@@ -268,19 +270,25 @@ class DesktopSession:
             if newline >= 0:
                 chunks.append(chunk[:newline])
                 if newline + 1 < len(chunk):
-                    raise ControllerError(f"desktop controller sent more than one reply to {op}: {chunk[newline+1:][:200]!r}")
+                    raise ControllerError(
+                        f"desktop controller sent more than one reply to {op}: {chunk[newline + 1 :][:200]!r}"
+                    )
                 return b"".join(chunks)
             chunks.append(chunk)
             size += len(chunk)
             if size > _MAX_REPLY:
-                raise ControllerError(f"desktop controller's reply to {op} exceeds {_MAX_REPLY} bytes")
+                raise ControllerError(
+                    f"desktop controller's reply to {op} exceeds {_MAX_REPLY} bytes"
+                )
 
     def _stderr(self) -> str:
         process = self.process
         if process is None or process.stderr is None or process.poll() is None:
             return "(still running)"
         with contextlib.suppress(OSError):
-            return process.stderr.read(4000).decode(errors="replace").strip()[-2000:] or "(no output)"
+            return (
+                process.stderr.read(4000).decode(errors="replace").strip()[-2000:] or "(no output)"
+            )
         return "(no output)"
 
     def write_file(self, path: str, data: bytes) -> dict[str, Any]:
@@ -344,5 +352,7 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):
-                found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+                found += [
+                    int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                ]
     return found

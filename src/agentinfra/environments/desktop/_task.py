@@ -159,10 +159,14 @@ def load_desktop_task(path: Path) -> DesktopTask:
     for step in [*task.config, *task.postconfig]:
         kind = step.get("type") if isinstance(step, dict) else None
         if kind not in SETUP_TYPES and kind not in _OSWORLD_SETUP_ONLY:
-            raise TaskEnvironmentError(f"task file {path}: unknown config type {kind!r} (known: {', '.join(SETUP_TYPES)})")
+            raise TaskEnvironmentError(
+                f"task file {path}: unknown config type {kind!r} (known: {', '.join(SETUP_TYPES)})"
+            )
     for func in task.funcs:
         if func not in METRICS and func not in _OSWORLD_METRICS_ONLY:
-            raise TaskEnvironmentError(f"task file {path}: unknown evaluator func {func!r} (known: {', '.join(METRICS)})")
+            raise TaskEnvironmentError(
+                f"task file {path}: unknown evaluator func {func!r} (known: {', '.join(METRICS)})"
+            )
     for key in ("result", "expected"):
         for spec in task.specs(key):
             kind = spec.get("type") if spec else None
@@ -207,24 +211,33 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
     for step in [*task.config, *task.postconfig]:
         kind, params = step["type"], step.get("parameters") or {}
         if kind in _OSWORLD_SETUP_ONLY:
-            return Support(False, f"setup step {kind!r} needs the live web, a browser or an account")
+            return Support(
+                False, f"setup step {kind!r} needs the live web, a browser or an account"
+            )
         if kind == "download":
             for item in params.get("files") or []:
                 url = str(item.get("url", ""))
                 if "drive.google" in url:
                     return Support(False, f"downloads from Google Drive ({url})")
                 if mirror is None or not mirror_path(mirror, url).is_file():
-                    return Support(False, f"file {url} is not in the mirror ({mirror}); add it as {mirror_path(Path('MIRROR'), url).name}")
+                    return Support(
+                        False,
+                        f"file {url} is not in the mirror ({mirror}); add it as {mirror_path(Path('MIRROR'), url).name}",
+                    )
         if kind in ("launch", "execute", "command"):
             program = _program(params.get("command"))
             if program in _APPS_NOT_SHIPPED:
-                return Support(False, f"needs {_APPS_NOT_SHIPPED[program]}, which this desktop does not ship")
+                return Support(
+                    False, f"needs {_APPS_NOT_SHIPPED[program]}, which this desktop does not ship"
+                )
             if program and program not in _SHIPPED_APPS and shutil.which(program) is None:
                 return Support(False, f"needs program {program!r}, not installed here")
         if kind == "open":
             suffix = Path(str(params.get("path", ""))).suffix.lower()
             if suffix not in _OFFICE and suffix not in _TEXT:
-                return Support(False, f"opens a {suffix or 'suffix-less'} file, which no shipped app handles")
+                return Support(
+                    False, f"opens a {suffix or 'suffix-less'} file, which no shipped app handles"
+                )
     for func in task.funcs:
         if func not in METRICS:
             return Support(False, f"evaluator func {func!r} is not implemented here")
@@ -235,13 +248,18 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
             if spec["type"] not in GETTERS:
                 return Support(False, f"{key} getter {spec['type']!r} is not implemented here")
             if spec["type"] == "cloud_file":
-                paths = spec.get("path")
-                for url in paths if isinstance(paths, list) else [paths]:
-                    if mirror is None or not mirror_path(mirror, str(url)).is_file():
-                        return Support(False, f"expected file {url} is not in the mirror ({mirror})")
+                urls = spec.get("path")
+                for link in urls if isinstance(urls, list) else [urls]:
+                    if mirror is None or not mirror_path(mirror, str(link)).is_file():
+                        return Support(
+                            False, f"expected file {link} is not in the mirror ({mirror})"
+                        )
             if spec["type"] == "vm_file":
                 paths = spec.get("path")
                 for p in paths if isinstance(paths, list) else [paths]:
                     if not str(p).startswith("/home/user/"):
-                        return Support(False, f"result file {p} is outside /home/user, the only place snapshotted")
+                        return Support(
+                            False,
+                            f"result file {p} is outside /home/user, the only place snapshotted",
+                        )
     return Support(True, "")
