@@ -87,7 +87,8 @@ def main() -> None:
                 started = time.monotonic()
                 reply = session.request("accessibility", max_nodes=5000)
                 trees.append(time.monotonic() - started)
-                assert reply["ok"] and 'name="A1"' in reply["xml"]
+                assert reply["ok"], reply
+                assert 'name="A1"' in reply["xml"]
             memory.append(jail_rss_mb(session.uid))
     started = time.monotonic()
     episode("os-sort", work / "single")

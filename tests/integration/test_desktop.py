@@ -208,3 +208,20 @@ def test_audit_of_every_shipped_task() -> None:
     flagged = [row.to_json() for row in rows if row.flagged]
     assert not flagged, json.dumps(flagged, indent=1)
     assert len(rows) >= 25
+
+
+def test_desktop_behind_the_environment_seam() -> None:
+    import asyncio
+
+    from agentinfra.environments import GraderSettings, Submission, environment_definition
+
+    definition = environment_definition("desktop")
+    task = definition.load_task(TASKS / "os-rename.json")
+    environment = definition.create(task, GraderSettings())
+    solution = load_desktop_task(TASKS / "os-rename.json").solution()
+    submission = Submission(json.dumps(solution).encode(), name="actions.json", media_type="application/json")
+    evaluation = asyncio.run(environment.evaluate(submission))
+    assert evaluation.environment == "desktop" and evaluation.score == 1.0 and evaluation.correct
+    assert evaluation.details["action_space"] == "computer_13"
+    with pytest.raises(TaskEnvironmentError, match="application/json"):
+        asyncio.run(environment.evaluate(Submission(b"x", media_type="text/x-python")))
