@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(PIP) install $(TORCH_SPEC)
-	$(PIP) install -e '.[hf]'
+	$(PIP) install -e '.[hf,desktop]'
 	@touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python

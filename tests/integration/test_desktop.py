@@ -219,9 +219,13 @@ def test_desktop_behind_the_environment_seam() -> None:
     task = definition.load_task(TASKS / "os-rename.json")
     environment = definition.create(task, GraderSettings())
     solution = load_desktop_task(TASKS / "os-rename.json").solution()
-    submission = Submission(json.dumps(solution).encode(), name="actions.json", media_type="application/json")
+    submission = Submission(
+        json.dumps(solution).encode(), name="actions.json", media_type="application/json"
+    )
     evaluation = asyncio.run(environment.evaluate(submission))
-    assert evaluation.environment == "desktop" and evaluation.score == 1.0 and evaluation.correct
+    assert evaluation.environment == "desktop"
+    assert evaluation.score == 1.0
+    assert evaluation.correct
     assert evaluation.details["action_space"] == "computer_13"
     with pytest.raises(TaskEnvironmentError, match="application/json"):
         asyncio.run(environment.evaluate(Submission(b"x", media_type="text/x-python")))

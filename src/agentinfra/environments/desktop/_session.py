@@ -125,6 +125,15 @@ def check_prerequisites() -> None:
             f"desktop programs missing: {', '.join(missing)}; install them with "
             f"`scripts/system-deps.sh desktop` (apt-get install {' '.join(DESKTOP_PACKAGES)})"
         )
+    import importlib.util
+
+    missing_libraries = [m for m in ("openpyxl", "docx", "pptx", "rapidfuzz", "pypdf", "lxml", "PIL")
+                         if importlib.util.find_spec(m) is None]  # fmt: skip
+    if missing_libraries:
+        raise TaskEnvironmentError(
+            f"the desktop grader's libraries are missing ({', '.join(missing_libraries)}); "
+            "install them with: pip install 'agentinfra[desktop]'"
+        )
     python = desktop_python()
     if not python.exists():
         raise TaskEnvironmentError(
