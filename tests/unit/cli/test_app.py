@@ -67,4 +67,4 @@ def test_unknown_environment_lists_the_registered_ones(tmp_path: object) -> None
             [sys.executable, "-m", "agentinfra", *args], capture_output=True, text=True
         )
         assert out.returncode == 2, out.stderr
-        assert "unknown environment 'nope'; available: kernels (--env)" in out.stderr
+        assert "unknown environment 'nope'; available: desktop, kernels (--env)" in out.stderr
