@@ -270,3 +270,12 @@ def test_cli_usage_errors_exit_2_with_one_line(tmp_path: Path) -> None:
     out = cli("run", str(TASKS / "os-mkdir.json"), "--actions", str(tmp_path / "missing.json"))
     assert out.returncode == 2
     assert "does not exist" in out.stderr
+
+
+def test_audit_flags_a_file_that_is_not_a_task_without_stopping(tmp_path: Path) -> None:
+    from agentinfra.environments.desktop import audit
+
+    rows = audit([write_task(tmp_path, config=[{"type": "teleport"}])], MIRROR, workers=1)
+    assert len(rows) == 1
+    assert rows[0].flagged
+    assert "unknown config type 'teleport'" in rows[0].reasons[0]

@@ -182,14 +182,26 @@ def audit_task(
 def audit(
     paths: list[Path], mirror: Path | None, *, workers: int = 2, config: DesktopConfig | None = None
 ) -> list[AuditRow]:
-    """`audit_task` on every task, ``workers`` desktops at once, in the order given."""
-    tasks = [load_desktop_task(p) for p in paths]
+    """`audit_task` on every task, ``workers`` desktops at once, in the order given.
+
+    A file that is not a task (unknown setup type or func, not JSON) is a flagged
+    row with the reason; the other tasks are audited as usual.
+    """
+
+    def one(index: int, path: Path) -> AuditRow:
+        try:
+            task = load_desktop_task(path)
+        except TaskEnvironmentError as exc:
+            return AuditRow(path.stem, str(path), None, None, None, True, (f"refused: {exc}",))
+        return audit_task(
+            task, mirror or default_mirror(task.path), Path(folder) / f"{index:03d}", config=config
+        )
+
     with (
         tempfile.TemporaryDirectory(prefix="agentinfra-audit-") as folder,
         ThreadPoolExecutor(max(1, workers)) as pool,
     ):
-        futures = [pool.submit(audit_task, t, mirror if mirror else default_mirror(t.path), Path(folder) / f"{i:03d}", config=config)
-                   for i, t in enumerate(tasks)]  # fmt: skip
+        futures = [pool.submit(one, i, Path(p)) for i, p in enumerate(paths)]
         return [f.result() for f in futures]
 
 
