@@ -202,6 +202,7 @@ EXPECTED: dict[str, list[str]] = {
         "ACTION_SPACES",
         "ActionError",
         "AuditRow",
+        "DesktopAgentOptions",
         "DesktopConfig",
         "DesktopEnvironment",
         "DesktopSession",

@@ -117,6 +117,9 @@ class LoopConfig:
     max_retries: int = 6
     image_tokens: int = 1_500
     """What one image counts towards the context estimate."""
+    keep_images: int | None = None
+    """Keep only the last K images in the history; older ones become a one-line placeholder
+    before any text is dropped (journalled like every trim). None: images go only when over budget."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -125,7 +128,13 @@ class LoopConfig:
             raise ConfigError(
                 f"base_url {self.base_url!r} must start with http:// or https:// (--base-url)"
             )
-        for name in ("max_turns", "max_tokens", "context_tokens", "max_tool_result_chars"):
+        for name in (
+            "max_turns",
+            "max_tokens",
+            "context_tokens",
+            "max_tool_result_chars",
+            "keep_images",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value} must be >= 1 (--{name.replace('_', '-')})")
@@ -159,7 +168,8 @@ class LoopConfig:
 class AgentOutcome:
     stop_reason: str
     """``done`` (the model answered without a tool call), ``max_turns``, ``max_tokens``,
-    ``max_cost``, ``wall_time``, or ``stopped``."""
+    ``max_cost``, ``wall_time``, or ``stopped``; ``done`` also when a tool that ends the run
+    (``Tool.ends_run``) succeeded."""
     turns: int
     usage: Usage
     cost_usd: float | None
@@ -241,6 +251,8 @@ class AgentLoop:
             stopped = [e for e in self.transcript.events if e.type == "stopped"]
             if stopped and stopped[-1].data["reason"] == "done":
                 return self._outcome(stopped[-1].data["reason"])
+            if not pending and self._ended_by_tool():
+                return self._stop("done")  # the crash came between that result and its stop
             self.transcript.append(
                 "loop_resumed", {"turn": self.turn, "pending_calls": len(pending)}
             )
@@ -273,6 +285,18 @@ class AgentLoop:
             if not calls:
                 return self._stop("done")
             await self._run_calls(calls)
+            if self._ended_by_tool():
+                return self._stop("done")
+
+    def _ended_by_tool(self) -> bool:
+        """Whether the last journalled tool result is a successful call of a tool that ends the run."""
+        for event in reversed(self.transcript.events):
+            if event.type == "tool_result":
+                tool = self.tools.get(str(event.data.get("name")))
+                return tool is not None and tool.ends_run and not event.data.get("is_error")
+            if event.type == "model_response":
+                return False
+        return False
 
     def _record_reply(self, completion: Completion) -> list[dict[str, Any]]:
         message = dict(completion.message)
@@ -494,10 +518,12 @@ class AgentLoop:
 
     def _manage_context(self) -> None:
         budget = self.config.trim_at * self.config.context_tokens
+        changes: list[dict[str, Any]] = self._keep_last_images()
         if self.estimate_tokens() <= budget:
+            if changes:
+                self._journal_trim(changes)
             return
         recent_from = self._recent_start()
-        changes: list[dict[str, Any]] = []
         for index in range(2, recent_from):  # old images go first
             content = self.messages[index].get("content")
             if isinstance(content, list) and any(is_image_ref(p) for p in content):
@@ -539,11 +565,45 @@ class AgentLoop:
         if dropped:
             changes.append({"op": "drop", "count": dropped})
         if changes:
-            self.transcript.append(
-                "context_trimmed",
-                {"turn": self.turn, "changes": changes, "estimated_tokens": self.estimate_tokens(),
-                 "context_tokens": self.config.context_tokens},
-            )  # fmt: skip
+            self._journal_trim(changes)
+
+    def _journal_trim(self, changes: list[dict[str, Any]]) -> None:
+        self.transcript.append(
+            "context_trimmed",
+            {"turn": self.turn, "changes": changes, "estimated_tokens": self.estimate_tokens(),
+             "context_tokens": self.config.context_tokens},
+        )  # fmt: skip
+
+    def _keep_last_images(self) -> list[dict[str, Any]]:
+        """Replaces every image but the last ``keep_images`` with a placeholder; returns the changes."""
+        keep = self.config.keep_images
+        if keep is None:
+            return []
+        changes: list[dict[str, Any]] = []
+        seen = 0
+        for index in range(len(self.messages) - 1, 1, -1):
+            content = self.messages[index].get("content")
+            if not isinstance(content, list) or not any(is_image_ref(p) for p in content):
+                continue
+            kept: list[dict[str, Any]] = []
+            dropped: list[str] = []
+            for part in reversed(content):
+                if is_image_ref(part):
+                    seen += 1
+                    if seen > keep:
+                        dropped.append(part["sha256"])
+                        part = {
+                            "type": "text",
+                            "text": f"[older screenshot {part['sha256'][:12]} removed: only the last {keep} are kept]",
+                        }
+                kept.append(part)
+            if dropped:
+                kept.reverse()
+                self.messages[index]["content"] = kept
+                changes.append(
+                    {"op": "drop_images", "index": index, "content": kept, "images": dropped}
+                )
+        return changes
 
     def _apply_trim(self, data: dict[str, Any]) -> None:
         for change in data["changes"]:

@@ -29,6 +29,8 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     handler: Handler
+    ends_run: bool = False
+    """When the call succeeds, the agent stops after it (a desktop's ``done``/``fail``)."""
 
 
 def tool_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:

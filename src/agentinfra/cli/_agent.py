@@ -129,9 +129,39 @@ def run_command(
     eval_workers: Annotated[
         int, typer.Option("--eval-workers", help="Gradings at once per run.")
     ] = 1,
+    action_space: Annotated[
+        str | None,
+        typer.Option("--action-space", help="desktop: computer_use, computer_13 or pyautogui."),
+    ] = None,
+    track: Annotated[str | None, typer.Option("--track", help="desktop: gui-only or code.")] = None,
+    observation: Annotated[
+        str | None, typer.Option("--observation", help="desktop: screenshot, a11y or both.")
+    ] = None,
+    screenshot_width: Annotated[
+        int | None,
+        typer.Option("--screenshot-width", help="desktop: screenshots downscaled to this width."),
+    ] = None,
+    keep_screenshots: Annotated[
+        int | None,
+        typer.Option("--keep-screenshots", help="Keep only the last K images in the context."),
+    ] = None,
+    desktops: Annotated[
+        int | None, typer.Option("--desktops", help="desktop: live desktops at once (default 2).")
+    ] = None,
 ) -> None:
     """Run one agent per task against an OpenAI-compatible model, many at once; each run is graded as it goes."""
     definition = environment_definition(env)
+    given = {"action_space": action_space, "track": track, "observation": observation,
+             "screenshot_width": screenshot_width, "desktops": desktops}  # fmt: skip
+    options = {k: v for k, v in given.items() if v is not None}
+    if options and env != "desktop":
+        raise ConfigError(
+            f"--{next(iter(options)).replace('_', '-')} is a desktop option; this run's --env is {env}"
+        )
+    if env == "desktop":
+        from agentinfra.environments.desktop import DesktopAgentOptions
+
+        DesktopAgentOptions.from_options(options)  # checked before any run is created
     files = sorted({Path(p) for pattern in tasks for p in (glob.glob(pattern) or [pattern])})
     missing = [str(p) for p in files if not p.is_file()]
     if missing or not files:
@@ -145,7 +175,7 @@ def run_command(
         max_tokens=max_tokens, max_cost_usd=max_cost, wall_hours=hours, context_tokens=context_tokens,
         max_output_tokens=max_output_tokens, price_in_per_mtok=price_in if price_in is not None else file_in,
         price_out_per_mtok=price_out if price_out is not None else file_out,
-        request_timeout_s=settings.agent.request_timeout_s,
+        request_timeout_s=settings.agent.request_timeout_s, keep_images=keep_screenshots,
     )  # fmt: skip
     api_key = api_key_from_env(api_key_env)
     jobs = concurrency or settings.agent.concurrency
@@ -159,7 +189,7 @@ def run_command(
     runs = []
     for task in files:
         run_id = f"{task.stem}-{slug}-{stamp}"
-        spec = agent_run_spec(run_id, task, config, grader, environment=env)
+        spec = agent_run_spec(run_id, task, config, grader, environment=env, options=options)
         runs.append(
             RunDirectory.create(root / run_id, spec, grader_version=definition.grader_version)
         )

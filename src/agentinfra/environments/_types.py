@@ -220,20 +220,27 @@ class AgentHooks:
     """What the run gives an environment's agent tools.
 
     ``submit(submission)`` hands a submission to the run and returns the receipt
-    text; ``results(wait_s)`` returns the official verdicts so far.
+    text; ``results(wait_s)`` returns the official verdicts so far; ``options`` are
+    the run's environment-specific agent options (``run.json``: ``agent.options``,
+    for the desktop its action space, observation and screenshot size).
     """
 
     submit: Callable[[Submission], Awaitable[str]]
     results: Callable[[float], Awaitable[str]]
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class AgentSetup:
-    """What the agent gets: tools (whose results may carry images), and its prompts."""
+    """What the agent gets: tools (whose results may carry images), and its prompts.
+
+    ``close``, when given, is awaited once the agent has stopped (a desktop's
+    processes are killed there)."""
 
     tools: list[Tool]
     system_prompt: str
     task_prompt: str
+    close: Callable[[], Awaitable[None]] | None = None
 
 
 class Environment(Protocol):

@@ -84,12 +84,13 @@ def agent_run_spec(
     grader: GraderSettings,
     *,
     environment: str = "kernels",
+    options: dict[str, Any] | None = None,
 ) -> RunSpec:
     return RunSpec(
         run_id=run_id,
         environment=environment,
         task=str(task.resolve()),
-        agent={"loop": config.to_json()},
+        agent={"loop": config.to_json(), **({"options": options} if options else {})},
         budget=Budget(
             wall_hours=config.wall_hours, tokens=config.max_tokens, cost_usd=config.max_cost_usd
         ),
@@ -176,7 +177,10 @@ async def run_agent(
         return "\n".join(lines) or "no submissions yet"
 
     setup = environment.agent_setup(
-        run.layout.workspace, AgentHooks(submit=submit, results=results)
+        run.layout.workspace,
+        AgentHooks(
+            submit=submit, results=results, options=dict(run.spec.agent.get("options") or {})
+        ),
     )
     loop = AgentLoop(
         config=config, client=client, tools=setup.tools, system_prompt=setup.system_prompt,
@@ -189,6 +193,8 @@ async def run_agent(
     try:
         outcome = await loop.run()
     finally:
+        if setup.close is not None:
+            await setup.close()
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await serving

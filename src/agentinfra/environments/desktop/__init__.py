@@ -11,6 +11,7 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS, ActionError
+from agentinfra.environments.desktop._agent import DesktopAgentOptions
 from agentinfra.environments.desktop._environment import (
     ENVIRONMENT,
     SCORE,
@@ -35,6 +36,7 @@ __all__ = [
     "ACTION_SPACES",
     "ActionError",
     "AuditRow",
+    "DesktopAgentOptions",
     "DesktopConfig",
     "DesktopEnvironment",
     "DesktopSession",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,8 @@ from agentinfra.environments import (
     Task,
 )
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS
-from agentinfra.environments.desktop._episode import run_episode
+from agentinfra.environments.desktop._agent import EPISODE_MEDIA_TYPE, desktop_agent_setup
+from agentinfra.environments.desktop._episode import EpisodeResult, run_episode
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
 from agentinfra.environments.desktop._session import DesktopConfig
 from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task, support
@@ -234,9 +237,15 @@ class DesktopEnvironment:
         self.mirror = default_mirror(source)
 
     async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
+        if submission.media_type == EPISODE_MEDIA_TYPE:
+            verdict = await asyncio.to_thread(
+                grade_episode_archive, self._desktop_task, submission.data, self.mirror
+            )
+            return evaluation_of(verdict)
         if submission.media_type != "application/json":
             raise TaskEnvironmentError(
-                f"a desktop submission is an actions document (application/json), not {submission.media_type}"
+                "a desktop submission is an actions document (application/json) or an agent's episode "
+                f"({EPISODE_MEDIA_TYPE}), not {submission.media_type}"
             )
         try:
             document = json.loads(submission.data)
@@ -254,9 +263,42 @@ class DesktopEnvironment:
                 "findings": [{"check": f.check, "message": f.message} for f in evaluation.findings]}  # fmt: skip
 
     def agent_setup(self, workspace: Path, hooks: AgentHooks) -> AgentSetup:
-        raise TaskEnvironmentError(
-            "a model-driven desktop run is not built yet; play scripted episodes with `agentinfra desktop run`"
-        )
+        return desktop_agent_setup(self._desktop_task, self.mirror, workspace, hooks)
+
+
+def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -> DesktopVerdict:
+    """Grades an agent's episode archive (``episode.json`` + ``home/``), made by `DesktopAgent`.
+
+    The archive is unpacked with tarfile's ``data`` filter (no links out, no
+    devices, no absolute paths, no set-id bits). Code refused on the gui-only
+    track that reached for files or processes flags the verdict.
+    """
+    with tempfile.TemporaryDirectory(prefix="agentinfra-episode-") as folder:
+        root = Path(folder)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as archive:
+                archive.extractall(root, filter="data")
+            info = json.loads((root / "episode.json").read_text())
+        except (tarfile.TarError, OSError, ValueError) as exc:
+            raise TaskEnvironmentError(f"desktop episode archive is unreadable: {exc}") from exc
+        home = root / "home"
+        home.mkdir(exist_ok=True)
+        episode = EpisodeResult(task.id, str(info.get("action_space")), str(info.get("track")), root,
+                                snapshot=home, steps=int(info.get("steps", 0)), last_action=info.get("last_action"),
+                                refused=[str(r) for r in info.get("refused", [])][:50],
+                                accessibility_xml=info.get("accessibility_xml"))  # fmt: skip
+        verdict = grade_episode(task, episode, mirror, provenance={"agentinfra_version": __version__,
+                                                                   "sandbox": "namespaces+uid"})  # fmt: skip
+        attempts = [str(a) for a in info.get("bypass_attempts", [])]
+        if attempts:
+            verdict.findings.append(Finding(
+                check="gui_only_bypass", severity="block",
+                message=f"{len(attempts)} action(s) on the gui-only track tried code that reaches files or processes",
+                evidence="\n".join(attempts[:5])[:2000],
+            ))  # fmt: skip
+            verdict.outcome = Outcome.HACK_FLAGGED
+        verdict.details["final"] = info.get("last_action") is not None
+        return verdict
 
 
 def evaluation_of(verdict: DesktopVerdict) -> Evaluation:

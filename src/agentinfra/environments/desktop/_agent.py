@@ -1,0 +1,397 @@
+"""A model on the desktop: tools for one action space, observations as images, submit/done/fail.
+
+`DesktopAgent` holds one live desktop for one agent run (started, and the task's
+setup run, on the first tool call; at most ``desktops`` at once per process).
+Every action tool returns the new observation: a text part (screen and
+screenshot sizes, how coordinates map, the action's error if it was refused, and
+the accessibility table when the observation includes it) and the screenshot,
+downscaled to ``screenshot_width`` (``image_url`` parts on the wire).
+
+* ``computer`` (the computer-use action set): coordinates are in the screenshot's
+  pixels and are scaled back to the screen.
+* ``computer_13`` and ``pyautogui`` (OSWorld): coordinates are the screen's, as in
+  OSWorld; ``pyautogui`` code runs on the run's track (``gui-only`` by default).
+* ``submit`` grades the current state while the episode goes on: every process
+  of the desktop is stopped (SIGSTOP), the home is copied, they resume; the copy
+  is a submission graded in isolation, like a kernel.
+* ``done`` and ``fail`` end the episode: postconfig, the desktop killed, the home
+  snapshotted and submitted as the final submission (FAIL recorded as the last
+  action, so it scores 1 only on an infeasible task).
+
+Every action is appended to ``<workspace>/episode/actions.jsonl``. Code refused
+on the ``gui-only`` track that reaches for files, processes or modules is an
+attempt to bypass the GUI: it is recorded and the final verdict flags it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult
+from agentinfra.environments import AgentHooks, AgentSetup, Submission
+from agentinfra.environments.desktop._a11y import flatten_accessibility
+from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS, ActionError, plan
+from agentinfra.environments.desktop._episode import _step, snapshot_home
+from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
+from agentinfra.environments.desktop._task import DesktopTask
+from agentinfra.errors import ConfigError, ToolError
+
+__all__ = ["EPISODE_MEDIA_TYPE", "DesktopAgent", "DesktopAgentOptions", "desktop_agent_setup"]
+
+EPISODE_MEDIA_TYPE = "application/x-tar"
+"""A desktop submission from an agent: ``episode.json`` and the home under ``home/``."""
+OBSERVATIONS = ("screenshot", "a11y", "both")
+_BYPASS = re.compile(
+    r"\b(open|exec|eval|compile|__import__|os|subprocess|shutil|pathlib|sys|socket)\b"
+)
+_SLOTS: dict[int, asyncio.Semaphore] = {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DesktopAgentOptions:
+    """A desktop run's agent options (``run.json``: ``agent.options``)."""
+
+    action_space: str = "computer_use"
+    track: str = "gui-only"
+    observation: str = "both"
+    screenshot_width: int = 1280
+    a11y_tokens: int = 4_000
+    desktops: int = 2
+    width: int = 1920
+    height: int = 1080
+
+    def __post_init__(self) -> None:
+        if self.action_space not in ACTION_SPACES:
+            raise ConfigError(
+                f"unknown action space {self.action_space!r}; use one of {', '.join(ACTION_SPACES)} (--action-space)"
+            )
+        if self.track not in TRACKS:
+            raise ConfigError(
+                f"unknown track {self.track!r}; use one of {', '.join(TRACKS)} (--track)"
+            )
+        if self.observation not in OBSERVATIONS:
+            raise ConfigError(
+                f"unknown observation {self.observation!r}; use one of {', '.join(OBSERVATIONS)} (--observation)"
+            )
+        if not 160 <= self.screenshot_width <= self.width:
+            raise ConfigError(
+                f"screenshot width {self.screenshot_width} must be in 160..{self.width} (--screenshot-width)"
+            )
+        if self.desktops < 1:
+            raise ConfigError(f"--desktops must be at least 1, got {self.desktops}")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> DesktopAgentOptions:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(options) - known
+        if unknown:
+            raise ConfigError(
+                f"unknown desktop agent option(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        return cls(**options)
+
+
+class DesktopAgent:
+    """One agent's desktop and its tools."""
+
+    def __init__(self, task: DesktopTask, mirror: Path | None, workspace: Path, hooks: AgentHooks,
+                 options: DesktopAgentOptions) -> None:  # fmt: skip
+        self.task = task
+        self.mirror = mirror
+        self.hooks = hooks
+        self.options = options
+        self.episode_dir = workspace / "episode"
+        self.episode_dir.mkdir(parents=True, exist_ok=True)
+        self.session: DesktopSession | None = None
+        self.steps = 0
+        self.refused: list[str] = []
+        self.bypass_attempts: list[str] = []
+        self.ended = False
+        self._slot: asyncio.Semaphore | None = None
+
+    # -- life ----------------------------------------------------------------------
+    async def _desktop(self) -> DesktopSession:
+        if self.ended:
+            raise ToolError("the episode has ended (done or fail was called)")
+        if self.session is None:
+            slots = _SLOTS.setdefault(
+                self.options.desktops, asyncio.Semaphore(self.options.desktops)
+            )
+            await slots.acquire()
+            self._slot = slots
+            session = DesktopSession(
+                DesktopConfig(width=self.options.width, height=self.options.height)
+            )
+            self.session = session
+            await asyncio.to_thread(self._start, session)
+        return self.session
+
+    def _start(self, session: DesktopSession) -> None:
+        session.start()
+        for step in self.task.config:
+            _step(session, step, self.mirror)
+
+    async def close(self) -> None:
+        session, self.session = self.session, None
+        if session is not None:
+            await asyncio.to_thread(session.close)
+            session.remove()
+        if self._slot is not None:
+            self._slot.release()
+            self._slot = None
+
+    # -- observation -----------------------------------------------------------------
+    def _observe(self, session: DesktopSession, note: str) -> ToolResult:
+        from PIL import Image
+
+        png, pointer = session.screenshot()
+        width = self.options.screenshot_width
+        image = Image.open(io.BytesIO(png))
+        height = round(image.height * width / image.width)
+        if width != image.width:
+            buffer = io.BytesIO()
+            image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS).save(
+                buffer, format="PNG"
+            )
+            png = buffer.getvalue()
+        scale = self.options.width / width
+        lines = [note] if note else []
+        mapping = ("the computer tool takes coordinates in the screenshot's pixels (scaled to the screen for you)"
+                   if self.options.action_space == "computer_use" else
+                   "actions take screen coordinates (multiply screenshot pixels by the scale)")  # fmt: skip
+        lines.append(f"screen {self.options.width}x{self.options.height}; screenshot {width}x{height} "
+                     f"(scale {scale:.4g}); pointer at screen {pointer[0]},{pointer[1]}; {mapping}")  # fmt: skip
+        if self.options.observation in ("a11y", "both"):
+            reply = session.request("accessibility", max_nodes=5000)
+            xml = str(reply.get("xml", "")) if reply.get("ok") else ""
+            lines.append(
+                "accessibility tree (screen coordinates):\n"
+                + flatten_accessibility(xml, max_tokens=self.options.a11y_tokens)
+            )
+        parts: list[TextPart | ImagePart] = [TextPart("\n".join(lines))]
+        if self.options.observation in ("screenshot", "both"):
+            parts.append(ImagePart(png))
+        return parts
+
+    # -- actions ---------------------------------------------------------------------
+    def _scaled(self, action: dict[str, Any]) -> dict[str, Any]:
+        scale = self.options.width / self.options.screenshot_width
+        scaled = dict(action)
+        for key in ("coordinate", "start_coordinate"):
+            value = scaled.get(key)
+            if (
+                isinstance(value, list)
+                and len(value) == 2
+                and all(isinstance(v, int | float) for v in value)
+            ):
+                scaled[key] = [min(round(value[0] * scale), self.options.width - 1),
+                               min(round(value[1] * scale), self.options.height - 1)]  # fmt: skip
+        return scaled
+
+    def _log(self, entry: dict[str, Any]) -> None:
+        with (self.episode_dir / "actions.jsonl").open("a") as handle:
+            handle.write(
+                json.dumps({"step": self.steps, "wall_s": round(time.time(), 3), **entry}) + "\n"
+            )
+
+    async def act(self, action: Any) -> ToolResult:
+        session = await self._desktop()
+        self.steps += 1
+        if self.options.action_space == "computer_use" and isinstance(action, dict):
+            action = self._scaled(action)
+        try:
+            step = plan(
+                action,
+                self.options.action_space,
+                self.options.track,
+                self.options.width,
+                self.options.height,
+            )
+        except ActionError as exc:
+            self.refused.append(f"step {self.steps}: {exc}")
+            if (
+                self.options.track == "gui-only"
+                and isinstance(action, str)
+                and "gui-only" in str(exc)
+                and _BYPASS.search(action)
+            ):
+                self.bypass_attempts.append(f"step {self.steps}: {action[:300]}")
+            self._log({"action": action, "error": str(exc)})
+            raise ToolError(str(exc)) from None
+        note = ""
+        if step.end:
+            raise ToolError(f"use the {step.end.lower()} tool to end the episode")
+        if step.code:
+            reply = await asyncio.to_thread(session.request, "code", code=step.code)
+            if not reply.get("ok") or reply.get("error"):
+                note = f"the action raised: {reply.get('error')}"
+        if step.wait_s:
+            await asyncio.sleep(step.wait_s)
+        self._log({"action": action, "code": step.code, **({"error": note} if note else {})})
+        return await asyncio.to_thread(self._observe, session, note)
+
+    # -- submissions ---------------------------------------------------------------------
+    def _episode_json(self, last_action: str | None, a11y: str | None) -> dict[str, Any]:
+        return {"task_id": self.task.id, "action_space": self.options.action_space, "track": self.options.track,
+                "steps": self.steps, "last_action": last_action, "refused": self.refused,
+                "bypass_attempts": self.bypass_attempts, "accessibility_xml": a11y}  # fmt: skip
+
+    def _pack(self, home: Path, episode: dict[str, Any]) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            data = json.dumps(episode).encode()
+            info = tarfile.TarInfo("episode.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            tar.add(home, arcname="home", recursive=True)
+        return buffer.getvalue()
+
+    def _needs_tree(self) -> bool:
+        return any(s and s["type"] == "accessibility_tree" for s in self.task.specs("result"))
+
+    def _snapshot_live(self, session: DesktopSession) -> bytes:
+        """The home as it is now: every process of the desktop stopped while it is copied."""
+        a11y = None
+        if self._needs_tree():
+            reply = session.request("accessibility", max_nodes=5000)
+            a11y = str(reply["xml"]) if reply.get("ok") else None
+        _signal_uid(session.uid, signal.SIGSTOP)
+        try:
+            target = snapshot_home(session.home, self.episode_dir / "submit-snapshot")
+        finally:
+            _signal_uid(session.uid, signal.SIGCONT)
+        return self._pack(target, self._episode_json(None, a11y))
+
+    def _finish(self, session: DesktopSession, last_action: str) -> bytes:
+        for step in self.task.postconfig:
+            _step(session, step, self.mirror)
+        a11y = None
+        if self._needs_tree():
+            reply = session.request("accessibility", max_nodes=5000)
+            a11y = str(reply["xml"]) if reply.get("ok") else None
+        session.close()  # the freeze: nothing of the episode runs during the copy
+        target = snapshot_home(session.home, self.episode_dir / "final-snapshot")
+        return self._pack(target, self._episode_json(last_action, a11y))
+
+    async def submit(self) -> str:
+        session = await self._desktop()
+        data = await asyncio.to_thread(self._snapshot_live, session)
+        return await self.hooks.submit(
+            Submission(data, name=f"state-step-{self.steps}.tar", media_type=EPISODE_MEDIA_TYPE)
+        )
+
+    async def end(self, last_action: str) -> str:
+        session = await self._desktop()
+        self.ended = True
+        self._log({"action": last_action})
+        data = await asyncio.to_thread(self._finish, session, last_action)
+        receipt = await self.hooks.submit(
+            Submission(data, name=f"final-{last_action.lower()}.tar", media_type=EPISODE_MEDIA_TYPE)
+        )
+        await self.close()
+        return f"episode ended with {last_action}; {receipt}"
+
+
+def _signal_uid(uid: int, sig: signal.Signals) -> None:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    os.kill(int(entry), sig)
+            except OSError:
+                continue
+
+
+_COMPUTER_USE = {
+    "type": "object",
+    "properties": {
+        "action": {"type": "string", "enum": ["key", "type", "mouse_move", "left_click", "right_click", "middle_click",
+                                              "double_click", "triple_click", "left_click_drag", "scroll", "wait",
+                                              "screenshot"]},
+        "coordinate": {"type": "array", "items": {"type": "number"}, "description": "[x, y] in screenshot pixels"},
+        "start_coordinate": {"type": "array", "items": {"type": "number"}},
+        "text": {"type": "string", "description": "text to type, or keys such as ctrl+s"},
+        "scroll_direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
+        "scroll_amount": {"type": "integer"},
+        "duration": {"type": "number"},
+    },
+    "required": ["action"],
+}  # fmt: skip
+_COMPUTER_13 = {
+    "type": "object",
+    "properties": {
+        "action_type": {"type": "string", "enum": ["MOVE_TO", "CLICK", "MOUSE_DOWN", "MOUSE_UP", "RIGHT_CLICK",
+                                                   "DOUBLE_CLICK", "DRAG_TO", "SCROLL", "TYPING", "PRESS", "KEY_DOWN",
+                                                   "KEY_UP", "HOTKEY", "WAIT"]},
+        "parameters": {"type": "object", "description": "x, y, button, num_clicks, dx, dy, text, key or keys"},
+    },
+    "required": ["action_type"],
+}  # fmt: skip
+SYSTEM_PROMPT = (
+    "You operate a Linux desktop (LibreOffice, a text editor, a terminal) through its screen. Each action returns "
+    "a new screenshot and, when enabled, the accessibility tree as a table with screen coordinates. Work through "
+    "the GUI. Call submit to have the current state graded while you continue, done when the task is complete, and "
+    "fail if the task cannot be done. Files are graded as saved on disk."
+)
+
+
+def desktop_agent_setup(
+    task: DesktopTask, mirror: Path | None, workspace: Path, hooks: AgentHooks
+) -> AgentSetup:
+    options = DesktopAgentOptions.from_options(dict(hooks.options))
+    agent = DesktopAgent(task, mirror, workspace, hooks, options)
+
+    async def computer(args: dict[str, Any]) -> ToolResult:
+        return await agent.act(args)
+
+    async def computer_13(args: dict[str, Any]) -> ToolResult:
+        return await agent.act(args if args.get("action_type") != "WAIT" else "WAIT")
+
+    async def pyautogui(args: dict[str, Any]) -> ToolResult:
+        code = args.get("code")
+        if not isinstance(code, str):
+            raise ToolError("pyautogui needs code: a string of Python")
+        return await agent.act(code)
+
+    async def submit(_: dict[str, Any]) -> ToolResult:
+        return await agent.submit()
+
+    async def done(_: dict[str, Any]) -> ToolResult:
+        return await agent.end("DONE")
+
+    async def fail(_: dict[str, Any]) -> ToolResult:
+        return await agent.end("FAIL")
+
+    action_tool = {
+        "computer_use": Tool("computer", "Act on the desktop (computer-use actions); returns the new observation.",
+                             _COMPUTER_USE, computer),
+        "computer_13": Tool("computer_13", "One OSWorld computer_13 action; returns the new observation.", _COMPUTER_13,
+                            computer_13),
+        "pyautogui": Tool("pyautogui", f"Run pyautogui code on the desktop ({options.track} track); returns the new "
+                          "observation.", {"type": "object", "properties": {"code": {"type": "string"}},
+                                           "required": ["code"]}, pyautogui),
+    }[options.action_space]  # fmt: skip
+    empty = {"type": "object", "properties": {}, "required": []}
+    tools = [
+        action_tool,
+        Tool("submit", "Grade the current state in isolation while the episode goes on.", empty, submit),
+        Tool("done", "The task is complete: end the episode; its final state is graded.", empty, done, ends_run=True),
+        Tool("fail", "The task cannot be done: end the episode with FAIL.", empty, fail, ends_run=True),
+    ]  # fmt: skip
+    first = {"computer_use": 'computer with {"action": "screenshot"}', "computer_13": 'computer_13 with {"action_type": "WAIT"}',
+             "pyautogui": 'pyautogui with {"code": "pyautogui.position()"}'}[options.action_space]  # fmt: skip
+    prompt = (f"Task: {task.instruction}\n\nThe desktop starts when you first act; call {first} to see it. "
+              f"Action space: {options.action_space}; track: {options.track}.")  # fmt: skip
+    return AgentSetup(
+        tools=tools, system_prompt=SYSTEM_PROMPT, task_prompt=prompt, close=agent.close
+    )
