@@ -100,3 +100,83 @@ def test_gui_only_cheat_is_refused_and_flagged(tmp_path: Path) -> None:
         if m.get("role") == "tool" and "gui-only track" in str(m["content"])
     ]
     assert refused  # the refusal went back to the model as the tool's error
+
+
+def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from agentinfra.agent import Reply
+
+    task = load_desktop_task(TASKS / "calc-total.json")
+    policy = DesktopPolicy({task.instruction: CALC_PLANS["calc-total"]})
+    hold = {"armed": True, "asked": 0}
+
+    def slow_at_turn_five(body: dict[str, Any]) -> Reply:
+        turn = sum(1 for m in body["messages"] if m.get("role") == "assistant")
+        if turn == 4 and hold["armed"]:  # after screenshot, mouse move, click B5 and Down
+            hold["armed"] = False
+            hold["asked"] = 1
+            return Reply(content="(killed before this arrives)", delay_s=60)
+        return policy(body)
+
+    with ScriptedModelServer(slow_at_turn_five, models=[MODEL]) as server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agentinfra", "run", "--env", "desktop", "--tasks", str(TASKS / "calc-total.json"),
+             "--model", MODEL, "--base-url", server.base_url, "--runs-dir", str(tmp_path / "runs"), "--no-stream",
+             "--action-space", "computer_use"],
+            env={**os.environ, "OPENAI_API_KEY": "test-key"}, cwd=ROOT,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while not hold["asked"] and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert hold["asked"], "the agent never reached its fifth turn"
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(10)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        (run,) = list((tmp_path / "runs").iterdir())
+        resumed = subprocess.run([sys.executable, "-m", "agentinfra", "resume", str(run)], capture_output=True,
+                                 text=True, timeout=300, env={**os.environ, "OPENAI_API_KEY": "test-key"}, cwd=ROOT,
+                                 check=False)  # fmt: skip
+        assert resumed.returncode == 0, resumed.stderr
+    assert policy.violations == []
+    events = [
+        json.loads(line) for line in (run / "agent" / "transcript.jsonl").read_text().splitlines()
+    ]
+    started = [e["data"]["name"] for e in events if e["type"] == "tool_started"]
+    assert started == ["computer"] * 7 + ["done"]  # no action ran twice
+    results = [e for e in events if e["type"] == "tool_result"]
+    replay_note = str(results[4]["data"]["content"])
+    assert "[resume] 4 journalled actions were replayed" in replay_note
+    assert "differs" not in replay_note
+    actions = (run / "agent" / "workspace" / "episode" / "actions.jsonl").read_text().splitlines()
+    assert len(actions) == 8  # 7 actions and done, each once
+    (final,) = [json.loads(p.read_text()) for p in sorted((run / "evaluations").rglob("*.json"))]
+    assert final["outcome"] == "passed"
+    assert not [f for f in final["findings"] if f["check"] == "resume_replay_mismatch"]
+
+
+def test_no_desktop_outlives_its_run() -> None:
+    import os
+
+    from agentinfra.sandbox import UID_RANGE
+
+    left = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = os.stat(f"/proc/{entry}").st_uid
+            except OSError:
+                continue
+            if UID_RANGE[0] <= uid < UID_RANGE[1]:
+                left.append((entry, uid))
+    assert (
+        left == []
+    )  # the killed run's desktop ended with its controller's stdin, the others at close

@@ -18,7 +18,15 @@ downscaled to ``screenshot_width`` (``image_url`` parts on the wire).
   snapshotted and submitted as the final submission (FAIL recorded as the last
   action, so it scores 1 only on an infeasible task).
 
-Every action is appended to ``<workspace>/episode/actions.jsonl``. Code refused
+Every action is appended to ``<workspace>/episode/actions.jsonl`` once it has run,
+with a hash of the accessibility table after it. After a crash (``kill -9``
+included) the resumed run starts a fresh desktop, runs the task's setup and
+replays the journalled actions in order, without asking the model; the loop's
+unfinished call, if its action had already run, is not run again (the
+transcript's completed action results say which). If the accessibility table
+after the replay differs from the journalled one, the run is marked: the next
+observation says so, ``episode/replay_mismatch.json`` is written, and every later
+verdict carries a ``resume_replay_mismatch`` finding. Code refused
 on the ``gui-only`` track that reaches for files, processes or modules is an
 attempt to bypass the GUI: it is recorded and the final verdict flags it.
 """
@@ -26,6 +34,7 @@ attempt to bypass the GUI: it is recorded and the final verdict flags it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -55,6 +64,7 @@ _BYPASS = re.compile(
     r"\b(open|exec|eval|compile|__import__|os|subprocess|shutil|pathlib|sys|socket)\b"
 )
 _SLOTS: dict[int, asyncio.Semaphore] = {}
+_ACTION_TOOLS = ("computer", "computer_13", "pyautogui")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +120,7 @@ class DesktopAgent:
         self.mirror = mirror
         self.hooks = hooks
         self.options = options
+        self.workspace = workspace
         self.episode_dir = workspace / "episode"
         self.episode_dir.mkdir(parents=True, exist_ok=True)
         self.session: DesktopSession | None = None
@@ -118,6 +129,9 @@ class DesktopAgent:
         self.bypass_attempts: list[str] = []
         self.ended = False
         self._slot: asyncio.Semaphore | None = None
+        self._skip_next = 0
+        self.replay_note = ""
+        self.replay_mismatch = (self.episode_dir / "replay_mismatch.json").exists()
 
     # -- life ----------------------------------------------------------------------
     async def _desktop(self) -> DesktopSession:
@@ -140,6 +154,73 @@ class DesktopAgent:
         session.start()
         for step in self.task.config:
             _step(session, step, self.mirror)
+        self._replay(session)
+
+    def _journalled(self) -> list[dict[str, Any]]:
+        path = self.episode_dir / "actions.jsonl"
+        if not path.is_file():
+            return []
+        entries = []
+        for line in path.read_text().splitlines():
+            try:
+                entries.append(json.loads(line))
+            except ValueError:
+                break  # a torn last line: that action is not journalled
+        return entries
+
+    def _completed_action_results(self) -> int:
+        """How many action-tool results the run's transcript holds (it lives beside the workspace)."""
+        transcript = self.workspace.parent / "transcript.jsonl"
+        if not transcript.is_file():
+            return 0
+        count = 0
+        for line in transcript.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            data = event.get("data", {})
+            if event.get("type") == "tool_result" and data.get("name") in _ACTION_TOOLS:
+                count += 1
+        return count
+
+    def _replay(self, session: DesktopSession) -> None:
+        """After a crash: the journalled actions again, in order, on the fresh desktop."""
+        entries = [e for e in self._journalled() if "code" in e or "wait_s" in e]
+        if not entries:
+            return
+        for entry in entries:
+            if entry.get("code"):
+                session.request("code", code=entry["code"])
+            if entry.get("wait_s"):
+                time.sleep(float(entry["wait_s"]))
+            time.sleep(0.2)
+        self.steps = max(int(e.get("step", 0)) for e in entries)
+        self._skip_next = max(0, len(entries) - self._completed_action_results())
+        expected = entries[-1].get("a11y_sha")
+        now = self._a11y_sha(session)
+        if expected and now != expected:
+            self.replay_mismatch = True
+            (self.episode_dir / "replay_mismatch.json").write_text(json.dumps(
+                {"replayed_actions": len(entries), "journalled_a11y_sha": expected, "replayed_a11y_sha": now}))  # fmt: skip
+            self.replay_note = (f"[resume] {len(entries)} journalled actions were replayed on a fresh desktop, "
+                                "but its state differs from the journal; this run is marked")  # fmt: skip
+        else:
+            self.replay_note = (
+                f"[resume] {len(entries)} journalled actions were replayed on a fresh desktop"
+            )
+
+    def _tree(self, session: DesktopSession) -> str:
+        reply = session.request("accessibility", max_nodes=5000)
+        return str(reply.get("xml", "")) if reply.get("ok") else ""
+
+    def _a11y_sha(self, session: DesktopSession, xml: str | None = None) -> str:
+        """A hash of the accessibility table's roles, names and texts (no positions)."""
+        table = flatten_accessibility(
+            self._tree(session) if xml is None else xml, max_tokens=50_000
+        )
+        rows = [tuple(r.split("\t")[:3]) for r in table.splitlines()[1:]]
+        return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
     async def close(self) -> None:
         session, self.session = self.session, None
@@ -151,7 +232,7 @@ class DesktopAgent:
             self._slot = None
 
     # -- observation -----------------------------------------------------------------
-    def _observe(self, session: DesktopSession, note: str) -> ToolResult:
+    def _observe(self, session: DesktopSession, note: str, xml: str | None = None) -> ToolResult:
         from PIL import Image
 
         png, pointer = session.screenshot()
@@ -172,8 +253,7 @@ class DesktopAgent:
         lines.append(f"screen {self.options.width}x{self.options.height}; screenshot {width}x{height} "
                      f"(scale {scale:.4g}); pointer at screen {pointer[0]},{pointer[1]}; {mapping}")  # fmt: skip
         if self.options.observation in ("a11y", "both"):
-            reply = session.request("accessibility", max_nodes=5000)
-            xml = str(reply.get("xml", "")) if reply.get("ok") else ""
+            xml = self._tree(session) if xml is None else xml
             lines.append(
                 "accessibility tree (screen coordinates):\n"
                 + flatten_accessibility(xml, max_tokens=self.options.a11y_tokens)
@@ -231,20 +311,29 @@ class DesktopAgent:
         note = ""
         if step.end:
             raise ToolError(f"use the {step.end.lower()} tool to end the episode")
+        if self._skip_next:  # its action ran before the crash and was replayed: not again
+            self._skip_next -= 1
+            return await asyncio.to_thread(self._observe, session, self.replay_note)
         if step.code:
             reply = await asyncio.to_thread(session.request, "code", code=step.code)
             if not reply.get("ok") or reply.get("error"):
                 note = f"the action raised: {reply.get('error')}"
         if step.wait_s:
             await asyncio.sleep(step.wait_s)
-        self._log({"action": action, "code": step.code, **({"error": note} if note else {})})
-        return await asyncio.to_thread(self._observe, session, note)
+        xml = await asyncio.to_thread(self._tree, session)
+        a11y_sha = self._a11y_sha(session, xml)
+        self._log({"action": action, "code": step.code, "wait_s": step.wait_s, "a11y_sha": a11y_sha,
+                   **({"error": note} if note else {})})  # fmt: skip
+        note = "\n".join(n for n in (self.replay_note, note) if n)
+        self.replay_note = ""
+        return await asyncio.to_thread(self._observe, session, note, xml)
 
     # -- submissions ---------------------------------------------------------------------
     def _episode_json(self, last_action: str | None, a11y: str | None) -> dict[str, Any]:
         return {"task_id": self.task.id, "action_space": self.options.action_space, "track": self.options.track,
                 "steps": self.steps, "last_action": last_action, "refused": self.refused,
-                "bypass_attempts": self.bypass_attempts, "accessibility_xml": a11y}  # fmt: skip
+                "bypass_attempts": self.bypass_attempts, "accessibility_xml": a11y,
+                "replay_mismatch": self.replay_mismatch}  # fmt: skip
 
     def _pack(self, home: Path, episode: dict[str, Any]) -> bytes:
         buffer = io.BytesIO()

@@ -297,6 +297,11 @@ def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -
                 evidence="\n".join(attempts[:5])[:2000],
             ))  # fmt: skip
             verdict.outcome = Outcome.HACK_FLAGGED
+        if info.get("replay_mismatch"):
+            verdict.findings.append(Finding(
+                check="resume_replay_mismatch", severity="warn",
+                message="after a crash the replayed actions gave a different desktop state than the journal",
+            ))  # fmt: skip
         verdict.details["final"] = info.get("last_action") is not None
         return verdict
 
