@@ -279,3 +279,17 @@ def test_audit_flags_a_file_that_is_not_a_task_without_stopping(tmp_path: Path) 
     assert len(rows) == 1
     assert rows[0].flagged
     assert "unknown config type 'teleport'" in rows[0].reasons[0]
+
+
+def test_desktop_run_options_are_checked_before_any_run(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "agentinfra", "run", "--model", "m", "--base-url", "http://127.0.0.1:9/v1",
+            "--runs-dir", str(tmp_path)]  # fmt: skip
+    kernels = subprocess.run([*base, "--tasks", str(ROOT / "examples/kernels/problems/01_matmul_relu.py"),
+                              "--action-space", "computer_use"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert kernels.returncode == 2
+    assert "--action-space is a desktop option" in kernels.stderr
+    desktop = subprocess.run([*base, "--env", "desktop", "--tasks", str(TASKS / "os-mkdir.json"),
+                              "--observation", "smell"], capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert desktop.returncode == 2
+    assert "unknown observation 'smell'" in desktop.stderr
+    assert list(tmp_path.iterdir()) == []
