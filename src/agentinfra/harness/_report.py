@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.environments import ScoreSpec
+from agentinfra.harness._filmstrip import filmstrip_frames, render_filmstrip
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, compute_metrics, diff_text
 from agentinfra.harness._rundir import RunDirectory, atomic_write
 
@@ -77,6 +78,8 @@ def build_report(run: RunDirectory, grader_version: str, score: ScoreSpec) -> di
         "best": best,
         "metrics": metrics,
         "anomalies": flags,
+        "steps": filmstrip_frames(run.layout.transcript),
+        "_images_dir": run.layout.transcript.parent / "images",
         "_records": records,
         "_score": score,
     }  # fmt: skip
@@ -231,6 +234,7 @@ tr.hack_flagged {{ background: #fdecea; }}
 <h2>Submissions</h2>
 <table><tr><th>#</th><th>time</th><th>outcome</th><th>{esc(score.unit)} [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
 {"".join(rows)}</table>
+{render_filmstrip(report.get("steps", []), report["_images_dir"])}
 </body></html>
 """
 
