@@ -23,7 +23,7 @@ from typing import Any
 
 from agentinfra.agent import Reply
 
-__all__ = ["CHEAT_PLAN", "CALC_PLANS", "DesktopPolicy", "Move"]
+__all__ = ["CALC_PLANS", "CHEAT_PLAN", "DesktopPolicy", "Move", "solution_moves"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +148,36 @@ class DesktopPolicy:
                 return Reply(tool_calls=[("fail", "{}")])
             args = {"action": "left_click", "coordinate": point}
         return Reply(reasoning=f"step {turn + 1}", tool_calls=[(move.tool, json.dumps(args))])
+
+
+_TOOL_OF_SPACE = {
+    "computer_use": "computer",
+    "computer_13": "computer_13",
+    "pyautogui": "pyautogui",
+}
+
+
+def solution_moves(solution: dict[str, Any]) -> list[Move]:
+    """A task's scripted solution as model turns through the matching tool, ending with done or fail."""
+    space = str(solution["action_space"])
+    tool = _TOOL_OF_SPACE[space]
+    moves: list[Move] = []
+    for action in solution["actions"]:
+        if action in ("DONE", "FAIL"):
+            moves.append(Move(str(action).lower(), {}))
+            return moves
+        if space == "pyautogui":
+            moves.append(Move(tool, {"code": action}))
+        elif action == "WAIT":
+            moves.append(
+                Move(
+                    tool,
+                    {"action_type": "WAIT"}
+                    if space == "computer_13"
+                    else {"action": "wait", "duration": 2},
+                )
+            )
+        else:
+            moves.append(Move(tool, dict(action)))
+    moves.append(Move("done", {}))
+    return moves
