@@ -49,7 +49,7 @@ system-deps-demo:
 system-deps-desktop:
 	@scripts/system-deps.sh desktop
 
-demo: system-deps-demo $(VENV)/.installed
+demo: system-deps-demo $(VENV)/.installed $(VENV)/desktop/.installed
 	$(BIN)/agentinfra info
 	@echo "== grading an honest kernel on an inefficient reference (measured 12-20x on a 2-core machine)"
 	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
@@ -66,6 +66,9 @@ demo: system-deps-demo $(VENV)/.installed
 	$(BIN)/python examples/agent/scripted_run.py runs/demo-agent
 	@echo "== prefill skipped: a random 8-layer Llama at 2,048 tokens, prefix served by the KV cache server"
 	$(BIN)/agentinfra kv demo --layers 8 --tokens 2048 --via server
+	@echo "== a desktop agent: a scripted computer-use model drives LibreOffice Calc in a jailed Xvfb desktop, graded in isolation"
+	rm -rf runs/demo-desktop
+	$(BIN)/python examples/desktop/scripted_agent.py runs/demo-desktop
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a make target needs, when they are missing.
 # Usage: scripts/system-deps.sh test|demo|desktop
-#   demo: util-linux (unshare, setpriv: the grader's sandbox)
+#   demo: util-linux (unshare, setpriv: the grader's sandbox) and the desktop packages below
 #   desktop: the desktop environment's X server, window manager, accessibility
 #         bus, LibreOffice, editor and terminal, and Debian's Python with pyatspi
 #   test: the above, redis-server and redis-tools (the Redis tier's service tests
@@ -36,7 +36,7 @@ desktop() {
   /usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 }
 case "$target" in
-  demo) ;;
+  demo) desktop ;;
   desktop) desktop ;;
   test)
     desktop

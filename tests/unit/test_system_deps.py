@@ -49,10 +49,11 @@ def test_desktop_names_the_desktop_packages(tmp_path: Path) -> None:
     assert "redis" not in out.stderr
 
 
-def test_demo_needs_only_the_sandbox_tools(tmp_path: Path) -> None:
+def test_demo_needs_the_sandbox_tools_and_the_desktop(tmp_path: Path) -> None:
     out = run(tmp_path, "demo")
     assert out.returncode == 1
-    assert "missing util-linux;" in out.stderr
+    assert "missing util-linux xvfb openbox" in out.stderr
+    assert "redis" not in out.stderr
 
 
 @pytest.mark.parametrize(("target", "code"), [("test", 0), ("nonsense", 0)])
