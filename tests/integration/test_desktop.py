@@ -229,3 +229,13 @@ def test_desktop_behind_the_environment_seam() -> None:
     assert evaluation.details["action_space"] == "computer_13"
     with pytest.raises(TaskEnvironmentError, match="application/json"):
         asyncio.run(environment.evaluate(Submission(b"x", media_type="text/x-python")))
+
+
+def test_an_episode_cannot_read_task_gold_or_mirror_files(tmp_path: Path) -> None:
+    targets = [str(TASKS / "os-write-file.json"), str(MIRROR), str(ROOT / "examples" / "desktop" / "make_tasks.py"),
+               str(ROOT / "README.md"), "/expected"]  # fmt: skip
+    code = ("import os\nfound = [p for p in " + repr(targets) + " if os.path.exists(p)]\n"
+            "open('/home/user/Desktop/hello.txt', 'w').write(repr(found))")  # fmt: skip
+    verdict = play("os-write-file", [code, "DONE"], tmp_path)
+    assert (tmp_path / "episode" / "snapshot" / "Desktop" / "hello.txt").read_text() == "[]"
+    assert verdict.score == 0.0

@@ -180,3 +180,31 @@ def test_no_desktop_outlives_its_run() -> None:
     assert (
         left == []
     )  # the killed run's desktop ended with its controller's stdin, the others at close
+
+
+def test_a_pass_without_any_action_is_noted(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from agentinfra.environments.desktop import default_mirror
+    from agentinfra.environments.desktop._environment import grade_episode_archive
+
+    task = load_desktop_task(TASKS / "os-write-file.json")
+
+    def archive(executed: int) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for name, data in (("episode.json", json.dumps({"steps": executed, "executed": executed,
+                                                             "last_action": "DONE", "track": "gui-only"}).encode()),
+                               ("home/Desktop/hello.txt", b"hello world\n")):  # fmt: skip
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buffer.getvalue()
+
+    idle = grade_episode_archive(task, archive(0), default_mirror(task.path))
+    assert idle.score == 1.0
+    assert [f.check for f in idle.findings] == ["success_without_action"]
+    acted = grade_episode_archive(task, archive(3), default_mirror(task.path))
+    assert acted.score == 1.0
+    assert acted.findings == []

@@ -130,6 +130,7 @@ class DesktopAgent:
         self.ended = False
         self._slot: asyncio.Semaphore | None = None
         self._skip_next = 0
+        self.executed = 0
         self.replay_note = ""
         self.replay_mismatch = (self.episode_dir / "replay_mismatch.json").exists()
 
@@ -314,6 +315,7 @@ class DesktopAgent:
         if self._skip_next:  # its action ran before the crash and was replayed: not again
             self._skip_next -= 1
             return await asyncio.to_thread(self._observe, session, self.replay_note)
+        self.executed += 1
         if step.code:
             reply = await asyncio.to_thread(session.request, "code", code=step.code)
             if not reply.get("ok") or reply.get("error"):
@@ -333,7 +335,7 @@ class DesktopAgent:
         return {"task_id": self.task.id, "action_space": self.options.action_space, "track": self.options.track,
                 "steps": self.steps, "last_action": last_action, "refused": self.refused,
                 "bypass_attempts": self.bypass_attempts, "accessibility_xml": a11y,
-                "replay_mismatch": self.replay_mismatch}  # fmt: skip
+                "replay_mismatch": self.replay_mismatch, "executed": self.executed}  # fmt: skip
 
     def _pack(self, home: Path, episode: dict[str, Any]) -> bytes:
         buffer = io.BytesIO()

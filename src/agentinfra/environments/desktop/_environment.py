@@ -302,6 +302,12 @@ def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -
                 check="resume_replay_mismatch", severity="warn",
                 message="after a crash the replayed actions gave a different desktop state than the journal",
             ))  # fmt: skip
+        if verdict.outcome is Outcome.PASSED and int(info.get("executed", 1)) == 0:
+            verdict.findings.append(Finding(
+                check="success_without_action", severity="warn",
+                message="the task passed without any action reaching the desktop: it may pass by itself "
+                        "(`agentinfra desktop audit` checks its do-nothing baseline)",
+            ))  # fmt: skip
         verdict.details["final"] = info.get("last_action") is not None
         return verdict
 
