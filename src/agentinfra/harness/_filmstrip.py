@@ -19,6 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agentinfra.agent import Transcript
+
 __all__ = ["filmstrip_frames", "render_filmstrip"]
 
 THUMB_WIDTH = 360
@@ -41,18 +43,14 @@ def filmstrip_frames(transcript: Path) -> list[dict[str, Any]]:
     image: str | None = None
     scale = 1.0
     reasoning: dict[int, str] = {}
-    for line in transcript.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        data = event.get("data", {})
-        if event.get("type") == "model_response":
+    for event in Transcript.read(transcript):
+        data = event.data
+        if event.type == "model_response":
             message = data.get("message", {})
             reasoning[int(data.get("turn", 0))] = str(
                 message.get("reasoning_content") or message.get("content") or ""
             )
-        elif event.get("type") == "tool_started" and image is not None:
+        elif event.type == "tool_started" and image is not None:
             try:
                 args = json.loads(data.get("arguments") or "{}")
             except ValueError:
@@ -60,7 +58,7 @@ def filmstrip_frames(transcript: Path) -> list[dict[str, Any]]:
             frames.append({"turn": data.get("turn"), "tool": data.get("name"), "arguments": args,
                            "reasoning": reasoning.get(int(data.get("turn", 0)), "")[:1000],
                            "image": image, "points": _points(args, scale)})  # fmt: skip
-        elif event.get("type") == "tool_result":
+        elif event.type == "tool_result":
             content = data.get("content")
             found = _SCALE.search(_text(content))
             if found:

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult
+from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult, Transcript
 from agentinfra.environments import AgentHooks, AgentSetup, Submission
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS, ActionError, plan
-from agentinfra.environments.desktop._episode import _step, snapshot_home
+from agentinfra.environments.desktop._episode import run_setup_step, snapshot_home
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask
 from agentinfra.errors import ConfigError, ToolError
@@ -154,7 +154,7 @@ class DesktopAgent:
     def _start(self, session: DesktopSession) -> None:
         session.start()
         for step in self.task.config:
-            _step(session, step, self.mirror)
+            run_setup_step(session, step, self.mirror)
         self._replay(session)
 
     def _journalled(self) -> list[dict[str, Any]]:
@@ -171,19 +171,14 @@ class DesktopAgent:
 
     def _completed_action_results(self) -> int:
         """How many action-tool results the run's transcript holds (it lives beside the workspace)."""
-        transcript = self.workspace.parent / "transcript.jsonl"
-        if not transcript.is_file():
+        path = self.workspace.parent / "transcript.jsonl"
+        if not path.is_file():
             return 0
-        count = 0
-        for line in transcript.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            data = event.get("data", {})
-            if event.get("type") == "tool_result" and data.get("name") in _ACTION_TOOLS:
-                count += 1
-        return count
+        return sum(
+            1
+            for e in Transcript.read(path)
+            if e.type == "tool_result" and e.data.get("name") in _ACTION_TOOLS
+        )
 
     def _replay(self, session: DesktopSession) -> None:
         """After a crash: the journalled actions again, in order, on the fresh desktop."""
@@ -365,7 +360,7 @@ class DesktopAgent:
 
     def _finish(self, session: DesktopSession, last_action: str) -> bytes:
         for step in self.task.postconfig:
-            _step(session, step, self.mirror)
+            run_setup_step(session, step, self.mirror)
         a11y = None
         if self._needs_tree():
             reply = session.request("accessibility", max_nodes=5000)

@@ -16,6 +16,7 @@ It imports nothing of agentinfra (it is copied into the jail on its own).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -262,66 +263,44 @@ def _fix_keymap() -> None:
 
 
 def _describe(node: Any, pyatspi: Any, states: Any = None) -> Any:
+    """One node as an element; any attribute the node fails to give (it may vanish mid-walk) is left out."""
     from xml.etree import ElementTree
 
-    try:
+    role, name, interfaces = "unknown", "", set()
+    with contextlib.suppress(Exception):
         role = node.getRoleName() or "unknown"
-    except Exception:
-        role = "unknown"
-    tag = role.replace(" ", "-")
-    attributes: dict[str, str] = {}
-    try:
-        attributes["name"] = node.name or ""
-    except Exception:
-        attributes["name"] = ""
-    try:
-        for state in states if states is not None else node.getState().getStates():
-            name = pyatspi.stateToString(state).replace(" ", "_")
-            attributes[f"{{{_XML_NS['st']}}}{name}"] = "true"
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(Exception):
+        name = node.name or ""
+    with contextlib.suppress(Exception):
         interfaces = set(node.get_interfaces())
-    except Exception:
-        interfaces = set()
-    try:
+    attributes: dict[str, str] = {"name": name}
+    with contextlib.suppress(Exception):
+        for state in states if states is not None else node.getState().getStates():
+            key = pyatspi.stateToString(state).replace(" ", "_")
+            attributes[f"{{{_XML_NS['st']}}}{key}"] = "true"
+    with contextlib.suppress(Exception):
         for pair in node.getAttributes():
             key, _, value = pair.partition(":")
             if key.isidentifier():
                 attributes[f"{{{_XML_NS['attr']}}}{key}"] = value
-    except Exception:
-        pass
-    try:
-        if "Component" not in interfaces:
-            raise NotImplementedError
-        component = node.queryComponent()
-        x, y = component.getPosition(pyatspi.XY_SCREEN)
-        w, h = component.getSize()
-        attributes[f"{{{_XML_NS['cp']}}}screencoord"] = f"({x}, {y})"
-        attributes[f"{{{_XML_NS['cp']}}}size"] = f"({w}, {h})"
-    except Exception:
-        pass
-    try:
-        description = node.description
-        if description:
-            attributes["description"] = description
-    except Exception:
-        pass
-    element = ElementTree.Element(tag, attributes)
-    try:
-        if "Text" not in interfaces:
-            raise NotImplementedError
-        text = node.queryText()
-        element.text = text.getText(0, min(text.characterCount, _TEXT_LIMIT))
-    except Exception:
-        pass
-    try:
-        if "Value" not in interfaces:
-            raise NotImplementedError
-        value = node.queryValue()
-        element.set(f"{{{_XML_NS['val']}}}value", str(value.currentValue))
-    except Exception:
-        pass
+    if "Component" in interfaces:
+        with contextlib.suppress(Exception):
+            component = node.queryComponent()
+            x, y = component.getPosition(pyatspi.XY_SCREEN)
+            w, h = component.getSize()
+            attributes[f"{{{_XML_NS['cp']}}}screencoord"] = f"({x}, {y})"
+            attributes[f"{{{_XML_NS['cp']}}}size"] = f"({w}, {h})"
+    with contextlib.suppress(Exception):
+        if node.description:
+            attributes["description"] = node.description
+    element = ElementTree.Element(role.replace(" ", "-"), attributes)
+    if "Text" in interfaces:
+        with contextlib.suppress(Exception):
+            text = node.queryText()
+            element.text = text.getText(0, min(text.characterCount, _TEXT_LIMIT))
+    if "Value" in interfaces:
+        with contextlib.suppress(Exception):
+            element.set(f"{{{_XML_NS['val']}}}value", str(node.queryValue().currentValue))
     return element
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
@@ -88,11 +89,10 @@ def run_scripted(
     """One episode from a scripted action list, graded; an unsupported task is ``invalid`` with the reason."""
     if track not in TRACKS:
         raise ConfigError(f"unknown track {track!r}; use one of {', '.join(TRACKS)} (--track)")
-    verdict_base = {"task_id": task.id, "steps": 0, "track": track, "action_space": action_space,
-                    "episode_dir": str(episode_dir)}  # fmt: skip
     supported = support(task, mirror)
     if not supported.supported:
-        return DesktopVerdict(outcome=Outcome.INVALID, score=0.0, **verdict_base,  # type: ignore[arg-type]
+        return DesktopVerdict(task_id=task.id, outcome=Outcome.INVALID, score=0.0, steps=0, track=track,
+                              action_space=action_space, episode_dir=str(episode_dir),
                               findings=[Finding(check="unsupported", severity="warn", message=supported.reason)])  # fmt: skip
     needs_tree = any(s and s["type"] == "accessibility_tree" for s in task.specs("result"))
     started = time.monotonic()
@@ -104,7 +104,7 @@ def run_scripted(
     verdict = grade_episode(task, episode, mirror, provenance={
         "agentinfra_version": __version__, "sandbox": "namespaces+uid",
         "screen": f"{config.width}x{config.height}",
-        "actions_sha256": __import__("hashlib").sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest(),
+        "actions_sha256": hashlib.sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest(),
     })  # fmt: skip
     verdict.details["timings_s"] = {
         "setup": round(episode.setup_s, 3), "first_observation": round(episode.first_observation_s, 3),

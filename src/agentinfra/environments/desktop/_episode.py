@@ -25,7 +25,7 @@ from agentinfra.environments.desktop._session import ControllerError, DesktopCon
 from agentinfra.environments.desktop._task import DesktopTask, mirror_path, placeholders
 from agentinfra.errors import TaskEnvironmentError
 
-__all__ = ["EpisodeResult", "Observation", "run_episode", "snapshot_home"]
+__all__ = ["EpisodeResult", "Observation", "run_episode", "run_setup_step", "snapshot_home"]
 
 SNAPSHOT_LIMIT_BYTES = 1 << 30
 _OFFICE = {
@@ -69,7 +69,7 @@ class EpisodeResult:
     timings: dict[str, list[float]] = field(default_factory=dict)
 
 
-def _step(session: DesktopSession, step: dict[str, Any], mirror: Path | None) -> None:
+def run_setup_step(session: DesktopSession, step: dict[str, Any], mirror: Path | None) -> None:
     """Runs one setup/postconfig step; raises `TaskEnvironmentError` when it cannot."""
     kind, params = step["type"], dict(step.get("parameters") or {})
     width, height = session.config.width, session.config.height
@@ -159,7 +159,7 @@ def run_episode(
         try:
             session.start()
             for setup in task.config:
-                _step(session, setup, mirror)
+                run_setup_step(session, setup, mirror)
             result.setup_s = time.monotonic() - started
             _save(episode_dir, 0, observe(session, accessibility=accessibility))
             result.first_observation_s = time.monotonic() - started
@@ -198,7 +198,7 @@ def run_episode(
                 )
                 log.write(json.dumps(entry) + "\n")
             for step_spec in task.postconfig:
-                _step(session, step_spec, mirror)
+                run_setup_step(session, step_spec, mirror)
             if needs_accessibility_tree:
                 reply = session.request("accessibility", max_nodes=5000)
                 result.accessibility_xml = str(reply["xml"]) if reply.get("ok") else None

@@ -46,16 +46,11 @@ def resolve(spec: dict[str, Any] | None) -> Value:
         return FileValue(paths) if os.path.isfile(paths) else None
     if kind == "command":
         command = spec["command"]
-        shell = bool(spec.get("shell", False))
-        argv: Any = command if shell or isinstance(command, list) else command.split()
-        if shell:
-            argv = [
-                "/bin/bash",
-                "--noprofile",
-                "--norc",
-                "-c",
-                command if isinstance(command, str) else " ".join(command),
-            ]
+        if spec.get("shell"):  # no profile, no rc file: the home cannot answer for the grader
+            text = command if isinstance(command, str) else " ".join(command)
+            argv = ["/bin/bash", "--noprofile", "--norc", "-c", text]
+        else:
+            argv = list(command) if isinstance(command, list) else command.split()
         env = {"PATH": "/usr/bin:/bin", "HOME": "/home/user", "LANG": "C.UTF-8", "USER": "user"}
         done = subprocess.run(argv, capture_output=True, timeout=30, env=env, cwd="/home/user", check=False,
                               stdin=subprocess.DEVNULL)  # fmt: skip
