@@ -3,7 +3,7 @@
 A tool handler returns a string, or a list of `TextPart` and `ImagePart`. On the
 way to the model an image becomes an OpenAI ``image_url`` part with a PNG data
 URL. In the transcript (and so in exports) it is a reference
-``{"type": "image", "sha256": ..., "media_type": "image/png"}`` to
+``{"type": "image", "sha256": ..., "media_type": "image/png", "width": ..., "height": ...}`` to
 ``agent/images/<sha256>.png``, stored once.
 """
 
@@ -74,9 +74,12 @@ ContentPart = TextPart | ImagePart
 ToolResult = str | Sequence[ContentPart]
 
 
-def image_ref(sha256: str) -> dict[str, Any]:
-    """How an image appears in the transcript and the export."""
-    return {"type": "image", "sha256": sha256, "media_type": "image/png"}
+def image_ref(sha256: str, width: int | None = None, height: int | None = None) -> dict[str, Any]:
+    """How an image appears in the transcript and the export (with its size when known)."""
+    ref: dict[str, Any] = {"type": "image", "sha256": sha256, "media_type": "image/png"}
+    if width is not None and height is not None:
+        ref |= {"width": width, "height": height}
+    return ref
 
 
 def is_image_ref(part: Any) -> bool:

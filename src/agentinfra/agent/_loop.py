@@ -36,8 +36,16 @@ from typing import Any
 
 from agentinfra._atomic import write_atomic
 from agentinfra._journal import Journal
-from agentinfra.agent._content import ImagePart, TextPart, image_data_url, image_ref, is_image_ref
+from agentinfra.agent._content import (
+    ImagePart,
+    TextPart,
+    check_png,
+    image_data_url,
+    image_ref,
+    is_image_ref,
+)
 from agentinfra.agent._model import Completion, ModelClient, Usage
+from agentinfra.agent._profiles import profile_for
 from agentinfra.agent._toolcalls import parse_minimax_reply
 from agentinfra.agent._tools import Tool, tool_schemas
 from agentinfra.errors import AgentError, ConfigError, ToolError
@@ -46,6 +54,7 @@ __all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript"]
 
 logger = logging.getLogger(__name__)
 _CHARS_PER_TOKEN = 3.5
+_UNKNOWN_IMAGE_TOKENS = 1_500
 
 
 class Transcript(Journal):
@@ -115,8 +124,9 @@ class LoopConfig:
     price_out_per_mtok: float | None = None
     request_timeout_s: float = 600.0
     max_retries: int = 6
-    image_tokens: int = 1_500
-    """What one image counts towards the context estimate."""
+    image_tokens: int | None = None
+    """What one image counts towards the context estimate. None: the model family's estimate
+    from the image's size (`ModelProfile.image_tokens`); 1,500 for an image of unknown size."""
     keep_images: int | None = None
     """Keep only the last K images in the history; older ones become a one-line placeholder
     before any text is dropped (journalled like every trim). None: images go only when over budget."""
@@ -134,6 +144,7 @@ class LoopConfig:
             "context_tokens",
             "max_tool_result_chars",
             "keep_images",
+            "image_tokens",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -194,6 +205,7 @@ class AgentLoop:
         if len(set(names)) != len(names):
             raise ConfigError(f"tool names must be unique: {names}")
         self.config = config
+        self._profile = profile_for(config.model)
         self.client = client
         self.tools = {t.name: t for t in tools}
         self.schemas = tool_schemas(tools)
@@ -428,7 +440,8 @@ class AgentLoop:
             if isinstance(part, TextPart):
                 parts.append({"type": "text", "text": self._fit(part.text)})
             else:
-                parts.append(image_ref(self.transcript.store_image(part.png)))
+                width, height = check_png(part.png)
+                parts.append(image_ref(self.transcript.store_image(part.png), width, height))
         return parts
 
     async def _execute(self, call: dict[str, Any]) -> tuple[str | list[dict[str, Any]], bool]:
@@ -512,9 +525,18 @@ class AgentLoop:
     def estimate_tokens(self) -> int:
         chars = sum(len(json.dumps(m)) for m in self.messages) + len(json.dumps(self.schemas))
         images = sum(
-            1 for m in self.messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_ref(p)
+            self._image_tokens(p)
+            for m in self.messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_ref(p)
         )  # fmt: skip
-        return int(chars / _CHARS_PER_TOKEN) + images * self.config.image_tokens
+        return int(chars / _CHARS_PER_TOKEN) + images
+
+    def _image_tokens(self, ref: dict[str, Any]) -> int:
+        if self.config.image_tokens is not None:
+            return self.config.image_tokens
+        width, height = ref.get("width"), ref.get("height")
+        if isinstance(width, int) and isinstance(height, int):
+            return self._profile.image_tokens(width, height)
+        return _UNKNOWN_IMAGE_TOKENS
 
     def _manage_context(self) -> None:
         budget = self.config.trim_at * self.config.context_tokens
