@@ -51,14 +51,18 @@ def test_scripted_model_solves_five_calc_tasks_through_the_loop(tmp_path: Path) 
             server,
             [(t, {"action_space": "computer_use", "desktops": 2}) for t in CALC_PLANS],
         )
+        seen: set[str] = set()
         states = asyncio.run(run_agents(runs, api_key="test-key", concurrency=5,
-                                        limiter=EndpointLimiter(max_in_flight=5)))  # fmt: skip
+                                        limiter=EndpointLimiter(max_in_flight=5),
+                                        on_change=lambda ss: seen.update(s.status for s in ss)))  # fmt: skip
         requests = server.requests
     for run in runs:
         run.close()
     assert policy.violations == []
     assert policy.images_checked >= 5 * 6
     assert [s.status for s in states] == ["stopped: done"] * 5, [s.error for s in states]
+    # five runs, two desktops: the others showed that they waited for a slot
+    assert "waiting: a desktop slot (all 2 in use; --desktops)" in seen
     for run in runs:
         (final,) = [v for v in verdicts(run) if v.get("details", {}).get("final")]
         assert final["outcome"] == "passed", (run.path.name, final)

@@ -222,12 +222,17 @@ class AgentHooks:
     ``submit(submission)`` hands a submission to the run and returns the receipt
     text; ``results(wait_s)`` returns the official verdicts so far; ``options`` are
     the run's environment-specific agent options (``run.json``: ``agent.options``,
-    for the desktop its action space, observation and screenshot size).
+    for the desktop its action space, observation and screenshot size);
+    ``waiting(reason)`` tells the progress view the agent waits for a shared
+    resource (a desktop slot), ``waiting(None)`` that it no longer does;
+    ``turn()`` is the agent's current turn (for journals that link to it).
     """
 
     submit: Callable[[Submission], Awaitable[str]]
     results: Callable[[float], Awaitable[str]]
     options: Mapping[str, Any] = field(default_factory=dict)
+    waiting: Callable[[str | None], None] = lambda reason: None
+    turn: Callable[[], int | None] = lambda: None
 
 
 @dataclass(frozen=True, slots=True)

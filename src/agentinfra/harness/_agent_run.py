@@ -58,6 +58,8 @@ class AgentRunState:
     score_suffix: str = ""
     outcome: AgentOutcome | None = None
     error: str | None = None
+    waiting: str | None = None
+    """What the run waits for (a desktop slot), shown instead of the loop's status."""
     failure: Exception | None = field(default=None, repr=False)
     """The exception that ended the run, for a caller that wants to raise it."""
     loop: AgentLoop | None = field(default=None, repr=False)
@@ -179,8 +181,10 @@ async def run_agent(
     setup = environment.agent_setup(
         run.layout.workspace,
         AgentHooks(
-            submit=submit, results=results, options=dict(run.spec.agent.get("options") or {})
-        ),
+            submit=submit, results=results, options=dict(run.spec.agent.get("options") or {}),
+            waiting=lambda reason: setattr(state, "waiting", reason),
+            turn=lambda: loop.turn if loop is not None else None,
+        ),  # fmt: skip
     )
     loop = AgentLoop(
         config=config, client=client, tools=setup.tools, system_prompt=setup.system_prompt,
@@ -239,8 +243,10 @@ async def run_agents(
                 if state.loop is not None:
                     state.turn = state.loop.turn
                     state.tokens = state.loop.usage.total
-                    if state.status == "running":
-                        state.status = state.loop.status
+                    if state.outcome is None and state.error is None:  # still going
+                        state.status = (
+                            f"waiting: {state.waiting}" if state.waiting else state.loop.status
+                        )
             if on_change is not None:
                 on_change(states)
             await asyncio.sleep(0.5)

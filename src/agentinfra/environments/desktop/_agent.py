@@ -142,7 +142,14 @@ class DesktopAgent:
             slots = _SLOTS.setdefault(
                 self.options.desktops, asyncio.Semaphore(self.options.desktops)
             )
-            await slots.acquire()
+            if slots.locked():
+                self.hooks.waiting(
+                    f"a desktop slot (all {self.options.desktops} in use; --desktops)"
+                )
+            try:
+                await slots.acquire()
+            finally:
+                self.hooks.waiting(None)
             self._slot = slots
             session = DesktopSession(
                 DesktopConfig(width=self.options.width, height=self.options.height)
