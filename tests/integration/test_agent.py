@@ -108,7 +108,7 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     exported = _cli("export", str(run), "--format", "jsonl", "--out", str(tmp_path / "out.jsonl"))
     assert exported.returncode == 0, exported.stderr
     (record,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert record["schema_version"] == 2
+    assert record["schema_version"] == 3
     assert record["score_unit"] == "speedup"
     assert record["model"] == MODEL
     assert record["task"] == PROBLEM.name
@@ -130,7 +130,9 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
     assert cheat["outcome"] == "hack_flagged"
     assert cheat["hack_flagged"] is True
     assert cheat["reward"] == 0.0
-    assert record["reward"] == honest["reward"]
+    # one hack-flagged submission zeroes the whole run, and marks it
+    assert record["hack_flagged"] is True
+    assert record["reward"] == 0.0
     # The official verdicts reached the agent in later tool results.
     tool_texts = [m["content"] for m in record["messages"] if m["role"] == "tool"]
     assert "solution.py: outcome=passed" in tool_texts[-1]

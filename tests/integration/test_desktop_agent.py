@@ -71,6 +71,41 @@ def test_scripted_model_solves_five_calc_tasks_through_the_loop(tmp_path: Path) 
         transcript = (run.path / "agent" / "transcript.jsonl").read_text()
         assert '"drop_images"' in transcript  # only the last 3 screenshots stay in the context
         assert (run.path / "agent" / "workspace" / "episode" / "actions.jsonl").is_file()
+    # the summary page: five honest passes, no flag; each anomaly-free run has its report with turn anchors
+    from agentinfra.harness import write_summary
+
+    summary_json, summary_html = write_summary([r.path for r in runs], tmp_path / "summary")
+    summary = json.loads(summary_json.read_text())
+    assert summary["totals"] == {
+        "runs": 5,
+        "passed": 5,
+        "mean_score": 1.0,
+        "hack_flagged": 0,
+        "with_anomalies": 0,
+    }
+    assert all(row["turns"] and row["tool_calls"] and row["wall_s"] for row in summary["runs"])
+    assert 'id="turn-2"' in (runs[0].path / "report.html").read_text()
+    assert "../calc-total/report.html" in summary_html.read_text()
+    # export: images copied once beside the JSONL, referenced by content hash
+    from typer.testing import CliRunner
+
+    from agentinfra.cli._app import app
+
+    out = tmp_path / "export" / "data.jsonl"
+    out.parent.mkdir()
+    result = CliRunner().invoke(app, ["export", *[str(r.path) for r in runs], "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["reward"] for r in records] == [1.0] * 5
+    refs = [p for r in records for m in r["messages"] if isinstance(m["content"], list)
+            for p in m["content"] if p["type"] == "image"]  # fmt: skip
+    assert refs
+    assert all(p["path"] == f"images/{p['sha256']}.png" for p in refs)
+    import hashlib
+
+    for ref in refs[:5]:
+        assert hashlib.sha256((out.parent / ref["path"]).read_bytes()).hexdigest() == ref["sha256"]
+    assert len(list((out.parent / "images").iterdir())) == len({p["sha256"] for p in refs})
     # the model saw at most 3 screenshots per request, each an image_url part
     assert max(sum(1 for m in r["messages"] if isinstance(m.get("content"), list)
                    for p in m["content"] if p.get("type") == "image_url") for r in requests) == 3  # fmt: skip
@@ -104,6 +139,14 @@ def test_gui_only_cheat_is_refused_and_flagged(tmp_path: Path) -> None:
         if m.get("role") == "tool" and "gui-only track" in str(m["content"])
     ]
     assert refused  # the refusal went back to the model as the tool's error
+    from agentinfra.harness import export_record, summarize
+
+    (row,) = summarize([run.path])["runs"]
+    assert row["hack_flagged"]
+    assert "gui_only_bypass" in [f["check"] for f in row["findings"]]
+    record = export_record(run.path)
+    assert record["hack_flagged"] is True
+    assert record["reward"] == 0.0
 
 
 def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> None:
@@ -161,7 +204,8 @@ def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> 
     assert "[resume] 4 journalled actions were replayed" in replay_note
     assert "differs" not in replay_note
     actions = (run / "agent" / "workspace" / "episode" / "actions.jsonl").read_text().splitlines()
-    assert len(actions) == 8  # 7 actions and done, each once
+    assert len(actions) == 9  # the files after setup, then 7 actions and done, each once
+    assert json.loads(actions[0])["setup"] is True
     (final,) = [json.loads(p.read_text()) for p in sorted((run / "evaluations").rglob("*.json"))]
     assert final["outcome"] == "passed"
     assert not [f for f in final["findings"] if f["check"] == "resume_replay_mismatch"]

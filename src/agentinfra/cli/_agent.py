@@ -18,7 +18,7 @@ from rich.table import Table
 
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
-from agentinfra.environments import GraderSettings, environment_definition
+from agentinfra.environments import Anomaly, GraderSettings, RunView, environment_definition
 from agentinfra.errors import AgentInfraError, ConfigError
 from agentinfra.harness import (
     AgentRunState,
@@ -27,9 +27,11 @@ from agentinfra.harness import (
     api_key_from_env,
     export_record,
     run_agents,
+    run_view,
+    write_summary,
 )
 
-__all__ = ["export_command", "resume_agent", "run_command"]
+__all__ = ["export_command", "resume_agent", "run_command", "summary_command"]
 
 err = Console(stderr=True)
 
@@ -208,8 +210,10 @@ def run_command(
             run.close()
     failed = [s for s in states if s.error]
     err.print()
+    _, summary = write_summary([r.path for r in runs], root / f"summary-{slug}-{stamp}")
     err.print(
-        f"done: {len(states) - len(failed)} stopped normally, {len(failed)} failed; `agentinfra export {root}/*` writes the training data"
+        f"done: {len(states) - len(failed)} stopped normally, {len(failed)} failed; summary: {summary}; "
+        f"`agentinfra export {root}/*` writes the training data"
     )
     if failed:
         raise typer.Exit(1)
@@ -234,22 +238,45 @@ def resume_agent(run: RunDirectory) -> None:
     )
 
 
+def _anomalies_by_run(paths: list[Path], audit: Path | None) -> dict[str, list[Anomaly]]:
+    """Every environment's anomalies across ``paths`` (runs of any environment), by run path."""
+    views: dict[str, list[RunView]] = {}
+    for path in paths:
+        view = run_view(path)
+        views.setdefault(RunDirectory.read_info(path).spec.environment, []).append(view)
+    found: dict[str, list[Anomaly]] = {}
+    for name, group in views.items():
+        finder = environment_definition(name).find_anomalies
+        for anomaly in finder(group, audit) if finder is not None else []:
+            found.setdefault(anomaly.run, []).append(anomaly)
+    return found
+
+
 def export_command(
     runs: Annotated[list[Path], typer.Argument(help="Run directories of `agentinfra run`.")],
     fmt: Annotated[str, typer.Option("--format", help="Output format.")] = "jsonl",
-    out: Annotated[Path | None, typer.Option("--out", help="Write here instead of stdout.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write here instead of stdout; images go to images/ beside it."),
+    ] = None,
+    audit: Annotated[
+        Path | None,
+        typer.Option("--audit", help="desktop: `agentinfra desktop audit --json` output."),
+    ] = None,
 ) -> None:
-    """Write one training record per run (messages, tools, rewards from trusted verdicts, usage)."""
+    """Write one training record per run (messages, tools, rewards from trusted verdicts, anomalies, usage)."""
     if fmt != "jsonl":
         raise ConfigError(f"--format {fmt!r} is not supported; use jsonl")
     records: list[dict[str, Any]] = []
-    skipped = 0
-    for path in runs:
-        if not (path / "run.json").is_file():
-            skipped += 1
-            continue
+    paths = [p for p in runs if (p / "run.json").is_file()]
+    skipped = len(runs) - len(paths)
+    anomalies = _anomalies_by_run(paths, audit)
+    images_dir = None if out is None else out.parent / "images"
+    for path in paths:
         try:
-            records.append(export_record(path))
+            records.append(
+                export_record(path, images_dir=images_dir, anomalies=anomalies.get(str(path), []))
+            )
         except AgentInfraError as exc:
             if len(runs) == 1:
                 raise
@@ -260,4 +287,26 @@ def export_command(
         sys.stdout.write(lines)
     else:
         out.write_text(lines)
-    err.print(f"exported {len(records)} run(s){f', skipped {skipped}' if skipped else ''}")
+    images = f"; images in {images_dir}" if images_dir is not None and images_dir.is_dir() else ""
+    err.print(f"exported {len(records)} run(s){f', skipped {skipped}' if skipped else ''}{images}")
+
+
+def summary_command(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories of `agentinfra run`.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for summary.html and summary.json.")
+    ],
+    audit: Annotated[
+        Path | None,
+        typer.Option("--audit", help="desktop: `agentinfra desktop audit --json` output."),
+    ] = None,
+    reports: Annotated[
+        bool, typer.Option("--reports/--no-reports", help="Write each run's report first.")
+    ] = True,
+) -> None:
+    """One page over many runs: score, turns, time and flags per task, anomalies linked to their step."""
+    paths = [p for p in runs if (p / "run.json").is_file()]
+    if not paths:
+        raise ConfigError(f"no run directory among {', '.join(map(str, runs))} (no run.json)")
+    _, html_path = write_summary(paths, out, audit=audit, reports=reports)
+    typer.echo(f"wrote {html_path}")

@@ -280,7 +280,8 @@ def register(app: typer.Typer) -> None:
     app.command("regrade")(regrade_command)
     app.command("report")(report)
     app.command("replay-run")(replay_run)
-    from agentinfra.cli._agent import export_command, run_command
+    from agentinfra.cli._agent import export_command, run_command, summary_command
 
     app.command("run")(run_command)
     app.command("export")(export_command)
+    app.command("summary")(summary_command)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -28,6 +28,8 @@ from agentinfra.agent import Tool
 __all__ = [
     "EVALUATION_SCHEMA_VERSION",
     "AgentHooks",
+    "Anomaly",
+    "RunView",
     "AgentSetup",
     "Environment",
     "EnvironmentDefinition",
@@ -280,6 +282,46 @@ class Environment(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class RunView:
+    """What an environment's anomaly finder is shown of one agent run (built by the harness)."""
+
+    path: Path
+    task: Path
+    workspace: Path
+    """The agent's private files (a desktop keeps its action journal here)."""
+    submissions: tuple[Mapping[str, Any], ...]
+    """In order received: ``source``, ``outcome`` (None until graded) and ``score`` (None unless passed)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The run's environment-specific agent options (``AgentHooks.options``)."""
+
+    @property
+    def passed(self) -> bool:
+        return any(
+            s.get("outcome") == "passed" and (s.get("score") or 0) > 0 for s in self.submissions
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Something odd about an agent run, found after the fact across its journals (and other runs).
+
+    A lead for a person to look at, not a verdict: rewards come from the grader.
+    ``step`` and ``turn`` point at where it starts (the report's ``#turn-N`` anchor).
+    """
+
+    run: str
+    """The run directory."""
+    check: str
+    message: str
+    step: int | None = None
+    turn: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "check": self.check, "message": self.message,
+                "step": self.step, "turn": self.turn}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class EnvironmentDefinition:
     """A registered environment: what the registry and entry points hand out."""
 
@@ -290,3 +332,6 @@ class EnvironmentDefinition:
     load_task: Callable[[Path], Task]
     """Reads a task from a path; raises `ConfigError` naming the path when it is not one."""
     create: Callable[[Task, GraderSettings], Environment]
+    find_anomalies: Callable[[Sequence[RunView], Path | None], list[Anomaly]] | None = None
+    """Anomalies over agent runs of this environment (``runs``, and the environment's task
+    audit file when given); None: the environment looks for none beyond its verdicts' findings."""

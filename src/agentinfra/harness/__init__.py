@@ -35,6 +35,7 @@ from agentinfra.harness._report import (
 )
 from agentinfra.harness._rundir import FINISH_MARKER, RunDirectory, RunLayout, StoredSubmission
 from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
+from agentinfra.harness._summary import SUMMARY_SCHEMA_VERSION, run_view, summarize, write_summary
 
 __all__ = [
     "AgentRunState",
@@ -59,6 +60,7 @@ __all__ = [
     "RunLayout",
     "RunSpec",
     "RunState",
+    "SUMMARY_SCHEMA_VERSION",
     "StoredSubmission",
     "SubmissionRecord",
     "agent_run_spec",
@@ -78,5 +80,8 @@ __all__ = [
     "replay_recording",
     "run_agent",
     "run_agents",
+    "run_view",
+    "summarize",
     "write_report",
+    "write_summary",
 ]

@@ -181,10 +181,12 @@ async def run_agent(
     setup = environment.agent_setup(
         run.layout.workspace,
         AgentHooks(
-            submit=submit, results=results, options=dict(run.spec.agent.get("options") or {}),
+            submit=submit,
+            results=results,
+            options=dict(run.spec.agent.get("options") or {}),
             waiting=lambda reason: setattr(state, "waiting", reason),
             turn=lambda: loop.turn if loop is not None else None,
-        ),  # fmt: skip
+        ),
     )
     loop = AgentLoop(
         config=config, client=client, tools=setup.tools, system_prompt=setup.system_prompt,

@@ -1,17 +1,24 @@
-"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 2).
+"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 3).
 
 Read-only (`Journal.read`: a torn last line is skipped, nothing is written): the
 run's ``run.json``, its journal (trusted verdicts) and the agent transcript. The messages are the full history as the model produced it
 (reasoning and tool calls included, nothing trimmed); rewards come from the
-harness's verdicts, never from anything the agent said.
+harness's verdicts, never from anything the agent said; a run with any
+hack-flagged submission is zeroed as a whole and marked. With ``images_dir``,
+each image is copied there once under its content hash and referenced as
+``images/<sha256>.png`` (relative to the export file).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import LoopConfig, Usage, profile_for
+from agentinfra.environments import Anomaly
 from agentinfra.errors import HarnessError
 from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
@@ -19,7 +26,7 @@ from agentinfra.harness._rundir import RunDirectory, RunLayout
 
 __all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]
 
-EXPORT_SCHEMA_VERSION = 2
+EXPORT_SCHEMA_VERSION = 3
 
 
 def _reward(outcome: str | None, score: float | None) -> float:
@@ -29,20 +36,44 @@ def _reward(outcome: str | None, score: float | None) -> float:
     return 0.0
 
 
-def _content(content: Any) -> Any:
-    """A tool result as exported: text, or parts whose images name their file under the run."""
+def _content(content: Any, run_path: Path, images_dir: Path | None) -> Any:
+    """A tool result as exported: text, or parts whose images name their file.
+
+    Without ``images_dir`` the path is the image's place in the run directory
+    (``agent/images/<sha256>.png``); with it, the image is copied there once and the
+    path is ``images/<sha256>.png``.
+    """
     if not isinstance(content, list):
         return content
-    return [
-        {**part, "path": f"agent/images/{part['sha256']}.png"}
-        if part.get("type") == "image"
-        else part
-        for part in content
-    ]
+    parts = []
+    for part in content:
+        if part.get("type") == "image":
+            name = f"{part['sha256']}.png"
+            if images_dir is None:
+                part = {**part, "path": f"agent/images/{name}"}
+            else:
+                _copy_once(RunLayout(run_path).images / name, images_dir / name)
+                part = {**part, "path": f"{images_dir.name}/{name}"}
+        parts.append(part)
+    return parts
 
 
-def export_record(run_path: Path) -> dict[str, Any]:
-    """The training record of one run.
+def _copy_once(source: Path, target: Path) -> None:
+    """The image at ``target`` (content-addressed: one already there is the same image)."""
+    if target.exists():
+        return
+    if not source.is_file():
+        raise HarnessError(f"image {source} referenced by the transcript is missing")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
+
+
+def export_record(
+    run_path: Path, *, images_dir: Path | None = None, anomalies: Sequence[Anomaly] = ()
+) -> dict[str, Any]:
+    """The training record of one run (``anomalies``: those found for it across runs, listed as they are).
 
     Raises:
         HarnessError: not a run directory, or a run without an agent transcript.
@@ -76,7 +107,7 @@ def export_record(run_path: Path) -> dict[str, Any]:
                 {
                     "role": "tool",
                     "tool_call_id": data["call_id"],
-                    "content": _content(data["content"]),
+                    "content": _content(data["content"], run_path, images_dir),
                 }
             )
         elif event.type == "stopped":
@@ -100,6 +131,7 @@ def export_record(run_path: Path) -> dict[str, Any]:
             "score": score, "hack_flagged": outcome == "hack_flagged",
             "reward": _reward(outcome, score), "graded": bool(verdict),
         })  # fmt: skip
+    hacked = any(s["hack_flagged"] for s in submissions)
     model = config.get("model", "")
     cost = LoopConfig.from_json(config).cost(Usage(prompt, completion)) if config else None
     return {
@@ -114,7 +146,9 @@ def export_record(run_path: Path) -> dict[str, Any]:
         "tools": tools,
         "messages": messages,
         "submissions": submissions,
-        "reward": max((s["reward"] for s in submissions), default=0.0),
+        "reward": 0.0 if hacked else max((s["reward"] for s in submissions), default=0.0),
+        "hack_flagged": hacked,
+        "anomalies": [a.to_json() | {"run": Path(a.run).name} for a in anomalies],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
         "cost_usd": cost,
         "turns": stop.get("turns"),

@@ -110,12 +110,15 @@ def _thumbnail(png: bytes) -> tuple[str, float, int, int]:
 
 
 def render_filmstrip(frames: list[dict[str, Any]], images_dir: Path) -> str:
-    """The frames as HTML, thumbnails inline (the report stays one self-contained file)."""
+    """The frames as HTML, thumbnails inline (the report stays one self-contained file).
+
+    The first frame of each turn is the anchor ``#turn-N`` (anomalies link there)."""
     if not frames:
         return ""
     esc = html.escape
     cached: dict[str, tuple[str, float, int, int]] = {}
     cells = []
+    anchored: set[Any] = set()
     for frame in frames:
         sha = frame["image"]
         if sha not in cached:
@@ -137,7 +140,9 @@ def render_filmstrip(frames: list[dict[str, Any]], images_dir: Path) -> str:
         )
         picture = f'<div style="position:relative;width:{width or THUMB_WIDTH}px"><img src="{url}" width="{width or THUMB_WIDTH}">{overlay}</div>'
         call = esc(f"{frame['tool']} {json.dumps(frame['arguments'])}")
-        cells.append(f"<tr><td>{frame['turn']}</td><td>{picture}</td><td><code>{call}</code><br>"
+        anchor = "" if frame["turn"] in anchored else f' id="turn-{frame["turn"]}"'
+        anchored.add(frame["turn"])
+        cells.append(f"<tr{anchor}><td>{frame['turn']}</td><td>{picture}</td><td><code>{call}</code><br>"
                      f"<small>{esc(frame['reasoning'])}</small></td></tr>")  # fmt: skip
     return ("<h2>Filmstrip</h2><p>The screen the model saw before each action; the action's point is circled.</p>"
             f"<table><tr><th>turn</th><th>screen</th><th>action and reasoning</th></tr>{''.join(cells)}</table>")  # fmt: skip

@@ -40,6 +40,7 @@ import json
 import os
 import re
 import signal
+import stat
 import tarfile
 import time
 from dataclasses import dataclass
@@ -162,7 +163,33 @@ class DesktopAgent:
         session.start()
         for step in self.task.config:
             run_setup_step(session, step, self.mirror)
+        if not self._journalled():
+            self._log({"setup": True, "files": self._file_states(session)})
         self._replay(session)
+
+    def _file_states(self, session: DesktopSession) -> dict[str, str | None]:
+        """The graded files as they are now: SHA-256 of each regular file, None where there is none.
+
+        Read from the host side of the home (no link followed, nothing outside the
+        home); these hashes feed the anomaly checks, never the model.
+        """
+        states: dict[str, str | None] = {}
+        home = session.home.resolve()
+        for path in self.task.graded_files():
+            relative = path.removeprefix("/home/user/")
+            states[path] = None
+            target = home / relative
+            try:
+                if not target.resolve().is_relative_to(home):
+                    continue
+                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    continue
+                states[path] = hashlib.file_digest(handle, "sha256").hexdigest()
+        return states
 
     def _journalled(self) -> list[dict[str, Any]]:
         path = self.episode_dir / "actions.jsonl"
@@ -283,9 +310,8 @@ class DesktopAgent:
 
     def _log(self, entry: dict[str, Any]) -> None:
         with (self.episode_dir / "actions.jsonl").open("a") as handle:
-            handle.write(
-                json.dumps({"step": self.steps, "wall_s": round(time.time(), 3), **entry}) + "\n"
-            )
+            handle.write(json.dumps({"step": self.steps, "turn": self.hooks.turn(),
+                                     "wall_s": round(time.time(), 3), **entry}) + "\n")  # fmt: skip
 
     async def act(self, action: Any) -> ToolResult:
         session = await self._desktop()
@@ -326,8 +352,9 @@ class DesktopAgent:
             await asyncio.sleep(step.wait_s)
         xml = await asyncio.to_thread(self._tree, session)
         a11y_sha = self._a11y_sha(session, xml)
+        files = await asyncio.to_thread(self._file_states, session)
         self._log({"action": action, "code": step.code, "wait_s": step.wait_s, "a11y_sha": a11y_sha,
-                   **({"error": note} if note else {})})  # fmt: skip
+                   "files": files, **({"error": note} if note else {})})  # fmt: skip
         note = "\n".join(n for n in (self.replay_note, note) if n)
         self.replay_note = ""
         return await asyncio.to_thread(self._observe, session, note, xml)

@@ -30,6 +30,7 @@ from agentinfra.environments import (
 )
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS
 from agentinfra.environments.desktop._agent import EPISODE_MEDIA_TYPE, desktop_agent_setup
+from agentinfra.environments.desktop._anomalies import desktop_anomalies
 from agentinfra.environments.desktop._episode import EpisodeResult, run_episode
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
 from agentinfra.environments.desktop._session import DesktopConfig
@@ -328,4 +329,5 @@ ENVIRONMENT = EnvironmentDefinition(
     score=SCORE,
     load_task=load_desktop_task_bytes,
     create=DesktopEnvironment,
+    find_anomalies=desktop_anomalies,
 )

@@ -109,6 +109,17 @@ class DesktopTask:
     def infeasible(self) -> bool:
         return self.funcs == ["infeasible"]
 
+    def graded_files(self) -> list[str]:
+        """The ``vm_file`` paths the evaluator reads, in order, each once."""
+        found: list[str] = []
+        for spec in self.specs("result"):
+            if spec is not None and spec["type"] == "vm_file":
+                paths = spec.get("path")
+                for path in paths if isinstance(paths, list) else [paths]:
+                    if str(path) not in found:
+                        found.append(str(path))
+        return found
+
     @property
     def postconfig(self) -> list[dict[str, Any]]:
         return list(self.evaluator.get("postconfig") or [])
