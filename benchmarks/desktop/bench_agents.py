@@ -5,8 +5,12 @@
 A scripted OpenAI-compatible server plays each task's scripted solution through
 the tool of its action space (the model's side costs nothing), so the figures
 are the infrastructure's: success rate (must equal the scripted solutions'
-rate: 1.0 on the shipped tasks), steps per minute excluding model time, and the
-bytes of images sent per step.
+rate: 1.0 on the shipped tasks), steps per minute excluding model time, the
+bytes of images sent per step, the anomalies flagged on these honest runs (false
+flags: should be 0), and the resume overhead: what `agentinfra resume` spends
+restoring a desktop after a crash (a fresh desktop plus every journalled action
+replayed), measured on the `--resume-tasks` longest episodes against a fresh
+desktop's start.
 """
 
 from __future__ import annotations
@@ -21,17 +25,51 @@ import time
 from pathlib import Path
 
 from agentinfra.agent import EndpointLimiter, LoopConfig, ScriptedModelServer
-from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments import AgentHooks
+from agentinfra.environments.desktop import (
+    DesktopAgentOptions,
+    DesktopTask,
+    default_mirror,
+    load_desktop_task,
+)
+from agentinfra.environments.desktop._agent import DesktopAgent
 from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
-from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents
+from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
 
 
+async def _nothing(*_: object) -> str:
+    return ""
+
+
+def _start_time(
+    task: DesktopTask, journal: list[str], folder: Path, options: dict[str, object]
+) -> float:
+    """Seconds from nothing to a desktop ready for the next action, replaying ``journal`` as resume does."""
+    workspace = folder / "workspace"
+    (workspace / "episode").mkdir(parents=True)
+    (workspace / "episode" / "actions.jsonl").write_text("".join(line + "\n" for line in journal))
+    hooks = AgentHooks(submit=_nothing, results=_nothing, options=options)
+    agent = DesktopAgent(
+        task, default_mirror(task.path), workspace, hooks, DesktopAgentOptions.from_options(options)
+    )
+
+    async def go() -> float:
+        started = time.monotonic()
+        await agent._desktop()
+        elapsed = time.monotonic() - started
+        await agent.close()
+        return elapsed
+
+    return asyncio.run(go())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--desktops", type=int, default=2)
+    parser.add_argument("--resume-tasks", type=int, default=3)
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "agents.json"
     )
@@ -67,13 +105,35 @@ def main() -> None:
                                         limiter=EndpointLimiter(max_in_flight=len(runs))))  # fmt: skip
         wall = time.monotonic() - started
         passed, steps = 0, 0
+        journals: dict[str, list[str]] = {}
         for run in runs:
             finals = [json.loads(p.read_text()) for p in (run.path / "evaluations").rglob("*.json")]
             passed += any(f["outcome"] == "passed" for f in finals)
-            steps += sum(
-                1 for _ in (run.path / "agent" / "workspace" / "episode" / "actions.jsonl").open()
+            lines = (
+                (run.path / "agent" / "workspace" / "episode" / "actions.jsonl")
+                .read_text()
+                .splitlines()
             )
+            executed = [line for line in lines if '"code"' in line or '"wait_s"' in line]
+            steps += len(executed)
+            journals[run.spec.run_id] = [line for line in lines if '"setup"' in line] + executed
             run.close()
+        flagged = [a for row in summarize([r.path for r in runs])["runs"] for a in row["anomalies"]]
+        resume = []
+        by_id = {t.id: t for t in tasks}
+        for task_id in sorted(journals, key=lambda k: -len(journals[k]))[: args.resume_tasks]:
+            task = by_id[task_id]
+            solution = task.solution() or {}
+            options = {"action_space": solution["action_space"], "track": solution.get("track", "gui-only"),
+                       "observation": "screenshot"}  # fmt: skip
+            fresh = _start_time(task, [], Path(folder) / f"fresh-{task_id}", options)
+            replayed = _start_time(
+                task, journals[task_id], Path(folder) / f"replay-{task_id}", options
+            )
+            actions = len(journals[task_id]) - 1
+            resume.append({"task": task_id, "actions": actions, "fresh_start_s": round(fresh, 2),
+                           "resume_start_s": round(replayed, 2), "overhead_s": round(replayed - fresh, 2),
+                           "overhead_per_action_s": round((replayed - fresh) / max(actions, 1), 3)})  # fmt: skip
         image_bytes = [len(base64.b64decode(p["image_url"]["url"].split(",", 1)[1]))
                        for r in server.requests for m in r["messages"][-1:] if isinstance(m.get("content"), list)
                        for p in m["content"] if p.get("type") == "image_url"]  # fmt: skip
@@ -82,7 +142,7 @@ def main() -> None:
         "stopped_normally": sum(1 for s in states if not s.error), "wall_s": round(wall, 1), "steps": steps,
         "steps_per_minute": round(steps / (wall / 60), 1),
         "image_bytes_per_step": {"median": statistics.median(image_bytes), "max": max(image_bytes)},
-        "violations": policy.violations,
+        "violations": policy.violations, "anomalies_on_honest_runs": flagged, "resume": resume,
     }  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

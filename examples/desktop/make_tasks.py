@@ -348,7 +348,11 @@ def writer_tasks() -> None:
 def impress_tasks() -> None:
     path = f"{H}/Desktop/deck.pptx"
     # Impress takes input a while after its window maps (slower under load): OSWorld's tasks sleep here too.
-    setup = [download("deck.pptx", path), open_file(path), {"type": "sleep", "parameters": {"seconds": 2}}]
+    setup = [
+        download("deck.pptx", path),
+        open_file(path),
+        {"type": "sleep", "parameters": {"seconds": 2}},
+    ]
     put("deck.pptx", pptx("Old title", "Draft"))
     put("deck-title.pptx", pptx("Quarterly Results", "Draft"))
     loose = {"examine_shape": False, "examine_font_name": False, "examine_font_size": False,

@@ -46,11 +46,11 @@ def main() -> None:
                         "--action-space", "computer_use", "--keep-screenshots", "3"], env=env, check=True)  # fmt: skip
     if policy.violations:
         raise SystemExit(f"the scripted policy saw something wrong: {policy.violations}")
-    (run,) = list(out.iterdir())
-    subprocess.run([sys.executable, "-m", "agentinfra", "report", str(run)], check=True)
+    (run,) = [p for p in out.iterdir() if (p / "run.json").is_file()]
+    (summary,) = out.glob("summaries/*/summary.html")
     (evaluation,) = [json.loads(p.read_text()) for p in (run / "evaluations").rglob("*.json")]
     print(f"desktop run {run.name}: {evaluation['outcome']}, score {evaluation['score']}, "
-          f"{policy.images_checked} screenshots checked; report: {run / 'report.html'}")  # fmt: skip
+          f"{policy.images_checked} screenshots checked; report: {run / 'report.html'}; summary: {summary}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_agent_run_end_to_end_with_grading_and_export(tmp_path: Path) -> None:
                     "--runs-dir", str(tmp_path / "runs"), "--concurrency", "2")  # fmt: skip
         assert done.returncode == 0, done.stderr
         requests = server.requests
-    (run,) = list((tmp_path / "runs").iterdir())
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if (p / "run.json").is_file()]
     workspace = run / "agent" / "workspace"
     assert (workspace / "solution.py").read_text() == HONEST  # XML parameter content arrived intact
     assert (workspace / "fast.py").read_text() == CHEAT
@@ -179,7 +179,7 @@ def test_sigkill_mid_turn_then_resume(tmp_path: Path) -> None:
         finally:
             if process.poll() is None:
                 process.kill()
-        (run,) = list((tmp_path / "runs").iterdir())
+        (run,) = [p for p in (tmp_path / "runs").iterdir() if (p / "run.json").is_file()]
         resumed = _cli("resume", str(run), timeout=300)
         assert resumed.returncode == 0, resumed.stderr
     events = [

@@ -188,7 +188,7 @@ def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> 
         finally:
             if process.poll() is None:
                 process.kill()
-        (run,) = list((tmp_path / "runs").iterdir())
+        (run,) = [p for p in (tmp_path / "runs").iterdir() if (p / "run.json").is_file()]
         resumed = subprocess.run([sys.executable, "-m", "agentinfra", "resume", str(run)], capture_output=True,
                                  text=True, timeout=300, env={**os.environ, "OPENAI_API_KEY": "test-key"}, cwd=ROOT,
                                  check=False)  # fmt: skip

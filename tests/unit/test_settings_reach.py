@@ -126,8 +126,8 @@ def test_runs_dir_and_agent_settings_reach_run(tmp_path: Path) -> None:
         result = CliRunner().invoke(app, args, env=env)
     assert result.exit_code == 0, result.output
     assert "concurrency 3" in " ".join(result.output.split())
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith("summary-")]
-    (summary,) = (tmp_path / "runs").glob("summary-*/summary.html")  # written when the runs end
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name != "summaries"]
+    (summary,) = (tmp_path / "runs").glob("summaries/*/summary.html")  # written when the runs end
     assert run.name in summary.read_text()
     loop = json.loads((run / "run.json").read_text())["spec"]["agent"]["loop"]
     assert loop["request_timeout_s"] == 7.0

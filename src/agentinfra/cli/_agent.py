@@ -210,7 +210,7 @@ def run_command(
             run.close()
     failed = [s for s in states if s.error]
     err.print()
-    _, summary = write_summary([r.path for r in runs], root / f"summary-{slug}-{stamp}")
+    _, summary = write_summary([r.path for r in runs], root / "summaries" / f"{slug}-{stamp}")
     err.print(
         f"done: {len(states) - len(failed)} stopped normally, {len(failed)} failed; summary: {summary}; "
         f"`agentinfra export {root}/*` writes the training data"
