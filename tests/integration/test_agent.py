@@ -343,6 +343,15 @@ def test_configuration_problems_are_clear_errors_at_start(tmp_path: Path) -> Non
         asyncio.run(
             preflight(base_url=server.base_url, model=MODEL, api_key="test-key", api_key_env="K")
         )
+        assert server.requests == []  # the path probe is refused before anything is generated
+        # the commonest mistake: the base URL without /v1; one line, exit 2, no run directory
+        bare = server.base_url.removesuffix("/v1")
+        wrong = _cli("run", "--tasks", str(PROBLEM), "--model", MODEL, "--base-url", bare,
+                     "--runs-dir", str(tmp_path / "bare"), timeout=60, env={"OPENAI_API_KEY": "test-key"})  # fmt: skip
+        assert wrong.returncode == 2, wrong.stderr
+        assert f"try --base-url {bare}/v1" in wrong.stderr
+        assert len(wrong.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "bare").exists()
         unknown = _loop(tmp_path, server, model="unknown-model")
         with pytest.raises(AgentError, match="does not know model"):
             _run(unknown)
@@ -464,3 +473,36 @@ def test_resume_in_process_reruns_only_the_unfinished_call(tmp_path: Path) -> No
     assert (tmp_path / "ws" / "a.txt").read_text() == "1"
     second = server.requests[1]["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "tool", "tool"]
+
+
+def test_first_call_to_a_server_still_starting_is_retried(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    from agentinfra.agent import ModelClient, Reply
+
+    with socket.socket() as probe:  # a free loopback port, nothing listening yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ScriptedModelServer([Reply(content="up")], models=[MODEL], port=port)
+    starter = threading.Timer(0.5, server.__enter__)
+    starter.start()
+    retries: list[tuple[int, int | None]] = []
+    client = ModelClient(base_url=f"http://127.0.0.1:{port}/v1", model=MODEL, api_key="test-key",
+                         api_key_env="K", profile=profile_for(MODEL), backoff_s=0.2, max_retries=8)  # fmt: skip
+
+    async def call() -> Any:
+        try:
+            return await client.complete([{"role": "user", "content": "hi"}], [], stream=False,
+                                         on_retry=lambda attempt, status, wait, reason: retries.append((attempt, status)))  # fmt: skip
+        finally:
+            await client.close()
+
+    try:
+        done = asyncio.run(call())
+    finally:
+        starter.join()
+        server.__exit__(None, None, None)
+    assert done.message["content"] == "up"
+    assert retries  # the refused connections were retried, not fatal
+    assert all(status is None for _, status in retries)

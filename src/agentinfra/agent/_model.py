@@ -3,7 +3,8 @@
 - Streaming and non-streaming replies are assembled into one assistant message
   dict (``content``, ``reasoning_content``, ``tool_calls``) exactly as produced,
   so reasoning goes back into the history unchanged.
-- 429 and 5xx (and dropped connections) are retried with exponential backoff
+- 429 and 5xx and connection errors (the first call's too: a server still
+  starting, or restarting under a resumed run) are retried with exponential backoff
   and jitter, honouring ``Retry-After``; each retry is reported to the caller
   (the loop journals it). 401, 403, 404 and other 4xx are configuration
   problems: one clear `AgentError` naming the knob, no retry.
@@ -131,6 +132,7 @@ class ModelClient:
         """
         started = time.monotonic()
         attempt = 0
+        unreached = True  # every attempt so far failed to connect
         while True:
             attempt += 1
             try:
@@ -139,6 +141,7 @@ class ModelClient:
                 return Completion(message, usage, finish, time.monotonic() - started, attempt)
             except openai.APIStatusError as exc:
                 status = exc.status_code
+                unreached = False
                 if status in (401, 403):
                     raise AgentError(
                         f"{self.base_url} refused the API key ({status}); check the key in ${self.api_key_env} "
@@ -161,16 +164,14 @@ class ModelClient:
                 status = None
                 wait = self._backoff(attempt)
                 reason = f"{type(exc).__name__}: {exc}"
-                if (
-                    attempt == 1
-                    and isinstance(exc, openai.APIConnectionError)
-                    and not isinstance(exc, openai.APITimeoutError)
-                    and self._first_call
-                ):
-                    raise AgentError(
-                        f"cannot reach {self.base_url}: {exc.__cause__ or exc} (--base-url)"
-                    ) from None
+                unreached = unreached and not isinstance(exc, openai.APITimeoutError)
+                if unreached:
+                    reason = f"{exc.__cause__ or exc}"
             if attempt > self.max_retries:
+                if unreached and self._first_call:  # never answered: most likely a wrong URL
+                    raise AgentError(
+                        f"cannot reach {self.base_url} after {attempt} attempts: {reason} (--base-url)"
+                    )
                 raise AgentError(f"model call failed after {attempt} attempts; last error {reason}")
             if on_retry is not None:
                 on_retry(attempt, status, wait, reason)
@@ -284,27 +285,62 @@ def _error_text(exc: openai.APIStatusError) -> str:
 async def preflight(
     *, base_url: str, model: str, api_key: str, api_key_env: str, timeout_s: float = 15.0
 ) -> None:
-    """Checks the endpoint, the key and the model once, before any run starts.
+    """Checks the endpoint, the key, the model and the chat completions path once, before any run starts.
+
+    The path is proved with a request the server must refuse without generating
+    (an empty ``messages`` list): any answer but 404 means the path is there. A 404
+    that does not name the model means the base URL lacks its prefix (``/v1`` on
+    vLLM, SGLang and OpenAI), and the error says so.
 
     Raises:
-        AgentError: unreachable endpoint, refused key, or a model the endpoint lists but not this one.
+        AgentError: unreachable endpoint, refused key, a model the endpoint does not
+            serve, or no chat completions at the base URL.
     """
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
     )
+    hint = (
+        ""
+        if base_url.rstrip("/").endswith("/v1")
+        else f"; try --base-url {base_url.rstrip('/')}/v1"
+    )
     try:
-        listed = [m.id async for m in client.models.list()]
-    except openai.APIConnectionError as exc:
-        raise AgentError(f"cannot reach {base_url}: {exc.__cause__ or exc} (--base-url)") from None
-    except openai.APIStatusError as exc:
-        if exc.status_code in (401, 403):
+        try:
+            listed = [m.id async for m in client.models.list()]
+        except openai.APIConnectionError as exc:
             raise AgentError(
-                f"{base_url} refused the API key ({exc.status_code}); check the key in ${api_key_env} (--api-key-env)"
+                f"cannot reach {base_url}: {exc.__cause__ or exc} (--base-url)"
             ) from None
-        return  # no model list here (404, 405 ...): the first call will tell
+        except openai.APIStatusError as exc:
+            if exc.status_code in (401, 403):
+                raise AgentError(
+                    f"{base_url} refused the API key ({exc.status_code}); check the key in ${api_key_env} (--api-key-env)"
+                ) from None
+            listed = []  # no model list here (404, 405 ...): the probe below decides
+        if listed and model not in listed:
+            raise AgentError(
+                f"{base_url} does not serve model {model!r}; it lists {', '.join(sorted(listed)[:10])} (--model)"
+            )
+        try:
+            await client.chat.completions.create(model=model, messages=[], max_tokens=1)
+        except openai.APIConnectionError as exc:
+            raise AgentError(
+                f"cannot reach {base_url}: {exc.__cause__ or exc} (--base-url)"
+            ) from None
+        except openai.APIStatusError as exc:
+            text = _error_text(exc)
+            if exc.status_code in (401, 403):
+                raise AgentError(
+                    f"{base_url} refused the API key ({exc.status_code}); check the key in ${api_key_env} (--api-key-env)"
+                ) from None
+            if exc.status_code == 404 and model in text:
+                raise AgentError(
+                    f"{base_url} does not serve model {model!r}: {text} (--model)"
+                ) from None
+            if exc.status_code == 404:
+                raise AgentError(
+                    f"{base_url} has no chat completions endpoint ({base_url.rstrip('/')}/chat/completions "
+                    f"answers 404){hint} (--base-url)"
+                ) from None
     finally:
         await client.close()
-    if listed and model not in listed:
-        raise AgentError(
-            f"{base_url} does not serve model {model!r}; it lists {', '.join(sorted(listed)[:10])} (--model)"
-        )

@@ -163,15 +163,19 @@ class ScriptedModelServer:
             return await _send_json(
                 writer, 401, _error("Incorrect API key provided", "invalid_api_key")
             )
-        if method == "GET" and path.rstrip("/").endswith("/models"):
+        if method == "GET" and path.rstrip("/") == "/v1/models":
             return await _send_json(
                 writer,
                 200,
                 {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]},
             )
-        if method != "POST" or not path.rstrip("/").endswith("/chat/completions"):
+        if method != "POST" or path.rstrip("/") != "/v1/chat/completions":  # vLLM's one path
             return await _send_json(writer, 404, _error(f"no route {method} {path}", "not_found"))
         body = json.loads(raw)
+        if not body.get("messages"):  # as OpenAI and vLLM: refused before anything is generated
+            return await _send_json(
+                writer, 400, _error("'messages' must be a non-empty list", "invalid_request_error")
+            )
         self.requests.append(body)
         problem = self._check_images(body)
         if problem is not None:
