@@ -41,6 +41,8 @@ EXPECTED: dict[str, list[str]] = {
         "Explanation",
         "InsertResult",
         "KEY_SPEC_VERSION",
+        "LAYOUT_ENGINE_NATIVE",
+        "LAYOUT_LAYER_KV_TOKEN_HEAD_DIM",
         "LFUAgingPolicy",
         "LRUPolicy",
         "MemoryTier",

@@ -5,6 +5,8 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 
 from agentinfra.kvcache._block import (
     BLOCK_FORMAT_VERSION,
+    LAYOUT_ENGINE_NATIVE,
+    LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
     Block,
     BlockHeader,
     encode_block,
@@ -77,6 +79,8 @@ __all__ = [
     "Explanation",
     "InsertResult",
     "KEY_SPEC_VERSION",
+    "LAYOUT_ENGINE_NATIVE",
+    "LAYOUT_LAYER_KV_TOKEN_HEAD_DIM",
     "LFUAgingPolicy",
     "LRUPolicy",
     "MemoryTier",

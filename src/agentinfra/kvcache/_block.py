@@ -9,7 +9,7 @@ head_dim]`` (layout ``layer_kv_token_head_dim``). The 80-byte little-endian head
          4    2 format version (1)
          6    2 header size in bytes (80)
          8    1 dtype code (see DTYPES)
-         9    1 layout code (0: layer_kv_token_head_dim)
+         9    1 layout code (0: layer_kv_token_head_dim; 1: engine_native)
         10    2 flags (0)
         12    4 num_layers
         16    4 num_tokens
@@ -19,6 +19,12 @@ head_dim]`` (layout ``layer_kv_token_head_dim``). The 80-byte little-endian head
         32    8 payload size in bytes
         40    8 xxh3-64 checksum of the payload
         48   32 block key
+
+Layout code 1 (``engine_native``) holds one engine's own block bytes, layer
+after layer (for vLLM's CPU backend: each layer's ``[kv_heads, 2, block_size,
+head_dim]`` block interior, copied whole); the shape fields still give layers,
+tokens, heads and head dim, and the namespace's ``kv_layout`` names the engine
+layout, so such a block is only ever read back by the same layout.
 
 The checksum is verified on every read; a mismatch is a miss, never wrong KV.
 Views as numpy arrays and torch tensors share the block's memory (no copy).
@@ -43,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BLOCK_FORMAT_VERSION",
     "DTYPES",
+    "LAYOUT_ENGINE_NATIVE",
+    "LAYOUT_LAYER_KV_TOKEN_HEAD_DIM",
     "Block",
     "BlockHeader",
     "encode_block",
@@ -54,6 +62,8 @@ _MAGIC = b"AIKV"
 _HEADER = struct.Struct("<4sHHBBHIIIIIQQ32s")
 HEADER_BYTES = _HEADER.size
 LAYOUT_LAYER_KV_TOKEN_HEAD_DIM = 0
+LAYOUT_ENGINE_NATIVE = 1
+_LAYOUTS = (LAYOUT_LAYER_KV_TOKEN_HEAD_DIM, LAYOUT_ENGINE_NATIVE)
 
 DTYPES: dict[int, tuple[str, int]] = {
     1: ("float16", 2),
@@ -85,6 +95,7 @@ class BlockHeader:
     payload_bytes: int
     checksum: int
     key: BlockKey
+    layout: int = LAYOUT_LAYER_KV_TOKEN_HEAD_DIM
 
     @property
     def shape(self) -> tuple[int, int, int, int, int]:
@@ -117,8 +128,11 @@ def _tensor_bytes(kv: Any) -> tuple[str, tuple[int, ...], bytes]:
     raise BlockFormatError(f"KV must be a numpy array or torch tensor, got {type(kv).__name__}")
 
 
-def encode_block(key: BlockKey, kv: Any) -> bytes:
+def encode_block(key: BlockKey, kv: Any, *, layout: int = LAYOUT_LAYER_KV_TOKEN_HEAD_DIM) -> bytes:
     """Encodes KV of shape ``[layers, 2, tokens, kv_heads, head_dim]`` as one block.
+
+    With ``layout=LAYOUT_ENGINE_NATIVE`` the tensor's bytes are an engine's own
+    block layout, viewed with that shape only to state the sizes.
 
     Raises:
         BlockFormatError: wrong rank, a zero dimension, or a dtype with no code.
@@ -134,8 +148,10 @@ def encode_block(key: BlockKey, kv: Any) -> bytes:
         )
     if len(key) != 32:
         raise BlockFormatError(f"block key must be 32 bytes, got {len(key)}")
+    if layout not in _LAYOUTS:
+        raise BlockFormatError(f"unknown layout code {layout}; use one of {_LAYOUTS}")
     header = _HEADER.pack(
-        _MAGIC, BLOCK_FORMAT_VERSION, HEADER_BYTES, _CODE_BY_NAME[name], LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
+        _MAGIC, BLOCK_FORMAT_VERSION, HEADER_BYTES, _CODE_BY_NAME[name], layout,
         0, shape[0], shape[2], shape[3], shape[4], 0, len(raw), checksum(raw), key,
     )  # fmt: skip
     return header + raw
@@ -160,7 +176,7 @@ def decode_header(data: bytes | memoryview) -> BlockHeader:
             f"block format version {version} (header {header_bytes} bytes) is not supported; "
             f"this agentinfra reads version {BLOCK_FORMAT_VERSION}"
         )
-    if dtype_code not in DTYPES or layout != LAYOUT_LAYER_KV_TOKEN_HEAD_DIM:
+    if dtype_code not in DTYPES or layout not in _LAYOUTS:
         raise BlockFormatError(f"unknown dtype code {dtype_code} or layout code {layout}")
     dtype, width = DTYPES[dtype_code]
     if layers * 2 * tokens * heads * head_dim * width != payload_bytes:
@@ -170,7 +186,7 @@ def decode_header(data: bytes | memoryview) -> BlockHeader:
             f"block is {len(data)} bytes, header says {HEADER_BYTES + payload_bytes}"
         )
     return BlockHeader(
-        dtype, layers, tokens, heads, head_dim, payload_bytes, digest, BlockKey(bytes(key))
+        dtype, layers, tokens, heads, head_dim, payload_bytes, digest, BlockKey(bytes(key)), layout
     )
 
 
