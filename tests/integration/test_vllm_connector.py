@@ -166,7 +166,9 @@ def test_a_corrupt_block_is_never_used(checkpoint: Path, server: ServerThread, s
     warm, log = probe(checkpoint, server.port, tokens=300)
     assert same_output(cold, warm), (cold, warm)
     # the lookup said 9 hits; the verified GET stopped at the damaged block: the rest were reported and recomputed
-    assert re.search(r"AgentinfraConnector: [1-9] of 9 blocks of request \S+ did not load", log), log[-3000:]
+    assert re.search(r"AgentinfraConnector: [1-9] of 9 blocks of request \S+ did not load", log), (
+        log[-3000:]
+    )
 
 
 def test_another_namespace_is_a_miss(checkpoint: Path, server: ServerThread, seeded: Any) -> None:
@@ -186,6 +188,7 @@ class DyingProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.gets_cut = 0
+        self.sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -195,6 +198,7 @@ class DyingProxy:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.sockets += [client, upstream]
             threading.Thread(target=self._down, args=(upstream, client), daemon=True).start()
             threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
 
@@ -227,6 +231,8 @@ class DyingProxy:
 
     def close(self) -> None:
         self.listener.close()
+        for sock in self.sockets:
+            sock.close()
 
 
 def test_server_dies_mid_load_output_is_recomputed(
@@ -242,3 +248,155 @@ def test_server_dies_mid_load_output_is_recomputed(
     assert proxy.gets_cut >= 1  # the lookup said hit, then the load failed
     assert same_output(cold, warm), (cold, warm)
     assert "9 of 9 blocks of request" in log, log[-3000:]  # counted as load errors and recomputed
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }} : {% if m['content'] is string %}{{ m['content'] }}{% endif %}"
+    "{% if m.get('reasoning_content') %} <think> {{ m['reasoning_content'] }} </think>{% endif %}</s>{% endfor %}"
+    "{% if tools %}<s>tools : {{ tools | tojson }}</s>{% endif %}"
+    "{% if add_generation_prompt %}<s>assistant : <think>{% endif %}"
+)
+
+
+def chat_checkpoint(model: Path, target: Path) -> Path:
+    """The random model with a word-level tokenizer (its vocabulary sized to the model's) and a chat template."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    shutil.copytree(model, target)
+    specials = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "<think>",
+        "</think>",
+        "<minimax:tool_call>",
+        "</minimax:tool_call>",
+    ]
+    words = [chr(c) for c in range(33, 127)] + [f"w{i}" for i in range(1000)]
+    vocab = {token: index for index, token in enumerate((specials + words)[:1000])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(specials)
+    tokenizer.save(str(target / "tokenizer.json"))
+    (target / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "chat_template": CHAT_TEMPLATE, "model_max_length": 16384,
+    }))  # fmt: skip
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return int(probe_socket.getsockname()[1])
+
+
+class ApiServer:
+    """``python -m vllm.entrypoints.openai.api_server`` with MiniMax's parsers and the connector."""
+
+    NAME = "tiny-minimax-m2"
+
+    def __init__(self, model: Path, kv_port: int, log: Path) -> None:
+        self.port = free_port()
+        transfer = {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.kvcache.vllm",
+                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                    "kv_connector_extra_config": {"url": f"127.0.0.1:{kv_port}"}}  # fmt: skip
+        args = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                "--served-model-name", self.NAME, "--host", "127.0.0.1", "--port", str(self.port),
+                "--dtype", "float32", "--max-model-len", "16384", "--block-size", "32", "--enforce-eager",
+                "--max-num-batched-tokens", "4096", "--reasoning-parser", "minimax_m2",
+                "--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice",
+                "--kv-transfer-config", json.dumps(transfer)]  # fmt: skip
+        self.log = log.open("ab")
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, log.read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:
+                time.sleep(1)
+        raise AssertionError(
+            f"vLLM's server did not answer within 300 s:\n{log.read_text()[-4000:]}"
+        )
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith("#"))  # fmt: skip
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+def agent_run(base_url: str, runs: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    import sys
+
+    problem = next((ROOT / "examples" / "kernels" / "problems").glob("01_*.py"))
+    return subprocess.run(
+        [sys.executable, "-m", "agentinfra", "run", "--tasks", str(problem), "--model", ApiServer.NAME,
+         "--base-url", base_url, "--runs-dir", str(runs), "--max-turns", "2", "--max-output-tokens", "24",
+         "--context-tokens", "16384", *flags],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "OPENAI_API_KEY": "unused"},
+        check=False,
+    )  # fmt: skip
+
+
+def test_agent_loop_against_vllm_api_server(
+    checkpoint: Path, server: ServerThread, tmp_path: Path
+) -> None:
+    model = chat_checkpoint(checkpoint, tmp_path / "chat-model")
+    log = tmp_path / "vllm-server.log"
+    api = ApiServer(model, server.port, log)
+    try:
+        for flag in ("--stream", "--no-stream"):
+            done = agent_run(api.base_url, tmp_path / f"runs{flag}", flag)
+            assert done.returncode == 0, done.stderr[-3000:]
+        first_hits = api.metric("vllm:external_prefix_cache_hits_total")
+    finally:
+        api.close()
+    for flag in ("--stream", "--no-stream"):
+        (run,) = [p for p in (tmp_path / f"runs{flag}").iterdir() if (p / "run.json").is_file()]
+        events = [
+            json.loads(line)
+            for line in (run / "agent" / "transcript.jsonl").read_text().splitlines()
+        ]
+        replies = [e["data"]["message"] for e in events if e["type"] == "model_response"]
+        assert replies, "no model reply reached the transcript"
+        # MiniMax's reasoning parser: the random text before any </think> is vLLM's reasoning field, kept
+        assert any(r.get("reasoning_content") for r in replies)
+        stopped = [e["data"] for e in events if e["type"] == "stopped"]
+        assert stopped[-1]["reason"] in ("done", "max_turns")
+        exported = subprocess.run(
+            [str(ROOT / ".venv" / "bin" / "agentinfra"), "export", str(run), "--out", str(tmp_path / f"x{flag}.jsonl")],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert exported.returncode == 0, exported.stderr
+        record = json.loads((tmp_path / f"x{flag}.jsonl").read_text())
+        assert record["model"] == ApiServer.NAME
+    # a restarted server (empty local cache) finds the agent's earlier turns in the store
+    again = ApiServer(model, server.port, log)
+    try:
+        done = agent_run(again.base_url, tmp_path / "runs-again", "--no-stream")
+        assert done.returncode == 0, done.stderr[-3000:]
+        hits = again.metric("vllm:external_prefix_cache_hits_total")
+    finally:
+        again.close()
+    assert hits > 0, (first_hits, hits)
