@@ -508,10 +508,12 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         meta = self._get_connector_metadata()
         assert isinstance(meta, AgentinfraConnectorMetadata)
         for _req_id, raw_keys, block_ids in meta.loads:
+            started = time.perf_counter()
             try:
                 blocks = self._get([BlockKey(k) for k in raw_keys])
             except Exception:  # unreachable, dropped or timed out: recomputed, counted
                 blocks = []
+            fetched = time.perf_counter()
             loaded = 0
             for index, block_id in enumerate(block_ids):
                 if index < len(blocks) and self._copy_in(blocks[index], block_id):
@@ -520,6 +522,11 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self._load_errors.update(block_ids[index:])
                 break
             self.counters.loaded_blocks += loaded
+            size = sum(b.header.payload_bytes for b in blocks[:loaded])
+            log.info(
+                "AgentinfraConnector: loaded %d blocks (%d bytes) for request %s: get %.4f s, copy %.4f s",
+                loaded, size, _req_id, fetched - started, time.perf_counter() - fetched,
+            )  # fmt: skip
             if loaded < len(block_ids):
                 self.counters.load_errors += len(block_ids) - loaded
                 log.warning(
