@@ -400,3 +400,31 @@ def test_agent_loop_against_vllm_api_server(
     finally:
         again.close()
     assert hits > 0, (first_hits, hits)
+
+
+def test_kv_demo_with_vllm_prints_its_figures() -> None:
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "kv", "demo", "--engine", "vllm", "--tokens", "300", "--layers", "2",
+         "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result) == {"engine", "model", "tokens", "cached_tokens", "ttft_cold_s", "ttft_cached_s", "ratio",
+                           "outputs_equal", "max_logprob_diff"}  # fmt: skip
+    assert result["engine"] == "vllm"
+    assert result["cached_tokens"] == 288
+    assert result["outputs_equal"] is True
+    assert result["max_logprob_diff"] <= LOGPROB_TOLERANCE
+
+
+def test_a_bad_connector_setting_stops_the_engine_with_one_clear_line(
+    checkpoint: Path, server: ServerThread
+) -> None:
+    args = [str(VLLM_PYTHON), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(checkpoint), "--port",
+            str(server.port), "--tokens", "64", "--extra", json.dumps({"ulr": "127.0.0.1:1"})]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    assert done.returncode != 0
+    assert "unknown kv_connector_extra_config key(s) ['ulr']" in done.stdout + done.stderr
