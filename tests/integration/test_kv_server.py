@@ -354,3 +354,37 @@ def test_cli_serve_stats_and_explain_with_tokens(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bad.returncode == 2
     assert "holds no token (--token-file)" in bad.stderr
+
+
+def test_session_hints_over_the_protocol(server: ServerThread) -> None:
+    shared_keys, shared_blocks = chain(32, seed=1)  # a system prompt both agents read
+    own_keys, own_blocks = chain(32, seed=2)
+    with (
+        CacheClient("127.0.0.1", server.port, tenant="a") as agent,
+        CacheClient("127.0.0.1", server.port, tenant="a") as other,
+        CacheClient("127.0.0.1", server.port, tenant="b") as stranger,
+    ):
+        agent.put_encoded(list(zip(shared_keys, shared_blocks, strict=True)))
+        assert agent.session("run-1", "begin", shared_keys) == {
+            "session": "run-1",
+            "open": True,
+            "hits": 2,
+        }
+        assert other.session("run-2", "begin", shared_keys)["hits"] == 2
+        agent.put_encoded(list(zip(own_keys, own_blocks, strict=True)))
+        agent.session("run-1", "add", own_keys)
+        agent.session("run-1", "end", ttl_s=30)
+        # another tenant's session of the same name is another session: closing it touches nothing of a's
+        assert stranger.session("run-1", "close") == {"session": "run-1", "open": False}
+        assert agent.leading_hits(own_keys) == 2
+        assert agent.session("run-1", "close") == {"session": "run-1", "open": False}
+        assert (
+            agent.leading_hits(own_keys) == 0
+        )  # its private blocks left memory (no disk tier here)
+        assert agent.leading_hits(shared_keys) == 2  # run-2 holds the shared ones
+        assert agent.stats()["released"] == 2
+        with pytest.raises(ProtocolError, match="action 'pin'"):
+            agent.session("run-2", "pin")
+        assert (
+            other.session("run-2", "close")["open"] is False
+        )  # the connection survived the refusal

@@ -366,9 +366,16 @@ def test_agent_loop_against_vllm_api_server(
     log = tmp_path / "vllm-server.log"
     api = ApiServer(model, server.port, log)
     try:
+        # the streamed run is a KV session (--kv-hints): closed when it stops, its own blocks leave memory
+        hints = ["--kv-hints", f"127.0.0.1:{server.port}"]
         for flag in ("--stream", "--no-stream"):
-            done = agent_run(api.base_url, tmp_path / f"runs{flag}", flag)
+            done = agent_run(
+                api.base_url, tmp_path / f"runs{flag}", flag, *(hints if flag == "--stream" else [])
+            )
             assert done.returncode == 0, done.stderr[-3000:]
+            if flag == "--stream":
+                assert server._store.stats().released > 0
+                assert server._store.sessions() == []
         first_hits = api.metric("vllm:external_prefix_cache_hits_total")
     finally:
         api.close()

@@ -127,6 +127,9 @@ class LoopConfig:
     image_tokens: int | None = None
     """What one image counts towards the context estimate. None: the model family's estimate
     from the image's size (`ModelProfile.image_tokens`); 1,500 for an image of unknown size."""
+    kv_session: bool = False
+    """Send the run's id as a KV session hint with every request (vLLM's ``kv_transfer_params``,
+    read by agentinfra's connector: the agent's blocks kept together, released when it is done)."""
     keep_images: int | None = None
     """Keep only the last K images in the history; older ones become a one-line placeholder
     before any text is dropped (journalled like every trim). None: images go only when over budget."""

@@ -100,8 +100,12 @@ class ModelClient:
         max_retries: int = 6,
         max_output_tokens: int | None = None,
         backoff_s: float = 1.0,
+        kv_session: str | None = None,
     ) -> None:
         self.model = model
+        self.kv_session = kv_session
+        """Sent as vLLM's ``kv_transfer_params`` (``{"agentinfra": {"session": ...}}``): the KV
+        store keeps this agent's blocks as one session (agentinfra's vLLM connector)."""
         self.base_url = base_url
         self.api_key_env = api_key_env
         self.profile = profile
@@ -190,6 +194,10 @@ class ModelClient:
         }
         if tools:
             kwargs["tools"] = list(tools)
+        if self.kv_session:
+            extra = dict(kwargs.get("extra_body") or {})
+            extra["kv_transfer_params"] = {"agentinfra": {"session": self.kv_session}}
+            kwargs["extra_body"] = extra
         if self.max_output_tokens:
             kwargs["max_tokens"] = self.max_output_tokens
         if stream:

@@ -150,6 +150,14 @@ def run_command(
     desktops: Annotated[
         int | None, typer.Option("--desktops", help="desktop: live desktops at once (default 2).")
     ] = None,
+    kv_hints: Annotated[
+        str | None,
+        typer.Option(
+            "--kv-hints",
+            help="HOST:PORT of the kv server under a vLLM with agentinfra's connector: each run is a KV "
+            "session (its id sent with every request), closed there when the run stops.",
+        ),
+    ] = None,
 ) -> None:
     """Run one agent per task against an OpenAI-compatible model, many at once; each run is graded as it goes."""
     definition = environment_definition(env)
@@ -178,7 +186,9 @@ def run_command(
         max_output_tokens=max_output_tokens, price_in_per_mtok=price_in if price_in is not None else file_in,
         price_out_per_mtok=price_out if price_out is not None else file_out,
         request_timeout_s=settings.agent.request_timeout_s, keep_images=keep_screenshots,
+        kv_session=kv_hints is not None,
     )  # fmt: skip
+    kv_server = _kv_address(kv_hints) if kv_hints is not None else None
     api_key = api_key_from_env(api_key_env)
     jobs = concurrency or settings.agent.concurrency
     asyncio.run(
@@ -208,6 +218,8 @@ def run_command(
     finally:
         for run in runs:
             run.close()
+        if kv_server is not None:
+            _close_kv_sessions(kv_server, [r.spec.run_id for r in runs])
     failed = [s for s in states if s.error]
     err.print()
     _, summary = write_summary([r.path for r in runs], root / "summaries" / f"{slug}-{stamp}")
@@ -217,6 +229,27 @@ def run_command(
     )
     if failed:
         raise typer.Exit(1)
+
+
+def _kv_address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"--kv-hints {value!r} must be HOST:PORT of `agentinfra kv serve`, e.g. 127.0.0.1:7480"
+        )
+    return host, int(port)
+
+
+def _close_kv_sessions(server: tuple[str, int], sessions: list[str]) -> None:
+    """The runs are done: their KV sessions are closed (private blocks leave memory); a failure is only a note."""
+    from agentinfra.kvcache import CacheClient
+
+    try:
+        with CacheClient(*server, timeout_s=5.0) as client:
+            for session in sessions:
+                client.session(session, "close")
+    except AgentInfraError as exc:
+        err.print(f"note: could not close the runs' KV sessions at {server[0]}:{server[1]}: {exc}")
 
 
 def resume_agent(run: RunDirectory) -> None:

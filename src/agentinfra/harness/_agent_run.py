@@ -140,6 +140,7 @@ async def run_agent(
         base_url=config.base_url, model=config.model, api_key=api_key, api_key_env=config.api_key_env,
         profile=profile_for(config.model), limiter=limiter, timeout_s=config.request_timeout_s,
         max_retries=config.max_retries, max_output_tokens=config.max_output_tokens,
+        kv_session=run.spec.run_id if config.kv_session else None,
     )  # fmt: skip
     loop: AgentLoop | None = None
 

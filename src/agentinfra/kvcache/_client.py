@@ -33,6 +33,7 @@ from agentinfra.kvcache._protocol import (
     encode_header,
     encode_hello,
     encode_keys,
+    encode_session,
     encode_u32,
 )
 
@@ -243,6 +244,31 @@ class AsyncCacheClient:
         result: dict[str, Any] = decode_json(await self._request(Op.EXPLAIN, [encode_keys(keys)]))
         return result
 
+    async def session(
+        self,
+        session_id: str,
+        action: str,
+        keys: Sequence[BlockKey] = (),
+        *,
+        ttl_s: float = 0.0,
+        parent: str | None = None,
+        release: bool = True,
+    ) -> dict[str, Any]:
+        """An agent session hint (docs/protocol.md, SESSION): ``begin`` a turn over ``keys``
+        (answers ``hits``), ``add`` its new blocks, ``end`` it (wait ``ttl_s`` on a tool), ``close``."""
+        body: dict[str, Any] = {
+            "session": session_id,
+            "action": action,
+            "ttl_s": ttl_s,
+            "release": release,
+        }
+        if parent is not None:
+            body["parent"] = parent
+        result: dict[str, Any] = decode_json(
+            await self._request(Op.SESSION, [encode_session(body, keys)])
+        )
+        return result
+
     async def close(self) -> None:
         self._protocol.close()
         self._fail_all(TierUnavailableError("the kv client is closed"))
@@ -307,6 +333,11 @@ class CacheClient:
 
     def explain_keys(self, keys: Sequence[BlockKey]) -> dict[str, Any]:
         return self._run(self._client.explain_keys(keys))
+
+    def session(
+        self, session_id: str, action: str, keys: Sequence[BlockKey] = (), **options: Any
+    ) -> dict[str, Any]:
+        return self._run(self._client.session(session_id, action, keys, **options))
 
     def close(self) -> None:
         try:

@@ -34,6 +34,7 @@ __all__ = [
     "HEADER",
     "MAGIC",
     "PROTOCOL_VERSION",
+    "SESSION_ACTIONS",
     "FrameHeader",
     "Op",
     "ProtocolError",
@@ -44,12 +45,14 @@ __all__ = [
     "decode_hello",
     "decode_json",
     "decode_keys",
+    "decode_session",
     "decode_u32",
     "encode_error",
     "encode_header",
     "encode_hello",
     "encode_json",
     "encode_keys",
+    "encode_session",
     "encode_u32",
     "parse_header",
 ]
@@ -75,6 +78,7 @@ class Op(enum.IntEnum):
     REMOVE = 5
     STATS = 6
     EXPLAIN = 7
+    SESSION = 8
     ERROR = 0x7F
 
 
@@ -225,6 +229,50 @@ def decode_error(payload: bytes | bytearray | memoryview) -> ProtocolError:
     (code,) = _U16.unpack_from(data)
     status = Status(code) if code in Status._value2member_map_ else Status.INTERNAL
     return ProtocolError(status, data[2:].decode(errors="replace"))
+
+
+SESSION_ACTIONS = ("begin", "add", "end", "close")
+
+
+def encode_session(body: dict[str, Any], keys: Sequence[bytes] = ()) -> bytes:
+    """A SESSION request: ``u32 len`` and a JSON object, then ``keys``."""
+    data = encode_json(body)
+    return _U32.pack(len(data)) + data + encode_keys(keys)
+
+
+def decode_session(
+    payload: bytes | bytearray | memoryview,
+) -> tuple[dict[str, Any], list[BlockKey]]:
+    """The JSON object and keys of a SESSION request, checked.
+
+    Raises:
+        ProtocolError: ``BAD_REQUEST`` naming what is wrong.
+    """
+    if len(payload) < 4:
+        raise ProtocolError(Status.BAD_REQUEST, "SESSION payload shorter than its length field")
+    (size,) = _U32.unpack_from(payload)
+    if 4 + size > len(payload):
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"SESSION JSON of {size} bytes overruns the payload"
+        )
+    body = decode_json(memoryview(payload)[4 : 4 + size])
+    keys = decode_keys(memoryview(payload)[4 + size :])
+    if not isinstance(body, dict):
+        raise ProtocolError(Status.BAD_REQUEST, "SESSION JSON must be an object")
+    session = body.get("session")
+    if not isinstance(session, str) or not 0 < len(session) <= 256:
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"SESSION needs a session id of 1..256 characters, got {session!r}"
+        )
+    if body.get("action") not in SESSION_ACTIONS:
+        raise ProtocolError(
+            Status.BAD_REQUEST,
+            f"SESSION action {body.get('action')!r} is not one of {', '.join(SESSION_ACTIONS)}",
+        )
+    ttl = body.get("ttl_s", 0.0)
+    if not isinstance(ttl, int | float) or isinstance(ttl, bool) or ttl < 0:
+        raise ProtocolError(Status.BAD_REQUEST, f"SESSION ttl_s={ttl!r} must be a number >= 0")
+    return body, keys
 
 
 def encode_json(value: Any) -> bytes:

@@ -14,7 +14,10 @@ Replay semantics (the same for every policy and for the optimum):
   (``input_length`` not a multiple of the block size) is not cacheable, as in real
   engines that only cache full blocks (``cache_partial_blocks`` changes this);
 - Belady's MIN evicts the cached block whose next request is farthest away, and
-  bypasses a block that would itself be that victim.
+  bypasses a block that would itself be that victim;
+- with ``session_hints``, a session's last request carries the agent's "done"
+  hint: the blocks no other session ever requested leave the cache at once (what
+  the store does on SESSION ``close``), so they stop taking room from live agents.
 """
 
 from __future__ import annotations
@@ -161,6 +164,8 @@ class ReplayResult:
     prefill_s_recompute_all: float
     prefill_s_saved: float
     cost_model: dict[str, float] = field(default_factory=dict)
+    session_hints: bool = False
+    released_blocks: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict, with the ratio to Belady when it was computed."""
@@ -187,13 +192,19 @@ def replay(
     cache_partial_blocks: bool = False,
     with_belady: bool = True,
     cost: CostModel | None = None,
+    session_hints: bool = False,
 ) -> ReplayResult:
     """Replays ``requests`` through one cache of ``capacity_blocks`` under ``policy``."""
     if capacity_blocks < 0:
         raise ConfigError(f"capacity_blocks={capacity_blocks} must be >= 0 (--capacity-blocks)")
     index = BlockIndex(capacity_blocks, make_policy(policy))
-    hits = total = inserted = evicted = 0
-    for request in requests:
+    hits = total = inserted = evicted = released = 0
+    last = {r.session_id: i for i, r in enumerate(requests) if r.session_id is not None}
+    holders: dict[
+        Hashable, str | None
+    ] = {}  # the one session that requested a block, or None: shared
+    held: dict[str, list[Hashable]] = {}
+    for number, request in enumerate(requests):
         ids = request.hash_ids
         hits += index.leading_hits(ids)
         total += len(ids)
@@ -206,6 +217,19 @@ def replay(
                 evicted += len(result.evicted)
             parent = key
         index.touch(keep)
+        session = request.session_id
+        if session_hints and session is not None:
+            mine = held.setdefault(session, [])
+            for key in keep:
+                if key not in holders:
+                    holders[key] = session
+                    mine.append(key)
+                elif holders[key] != session:
+                    holders[key] = None
+            if last[session] == number:  # the agent is done
+                for key in held.pop(session):
+                    if holders.get(key) == session and index.remove(key):
+                        released += 1
     model = cost or CostModel()
     block_bytes = block_tokens * model.kv_bytes_per_token
     hit_tokens = hits * block_tokens
@@ -236,6 +260,8 @@ def replay(
         prefill_s_recompute_all=model.recompute_s(total * block_tokens),
         prefill_s_saved=max(0.0, model.recompute_s(hit_tokens) - model.load_s(hit_tokens)),
         cost_model={k: float(v) for k, v in asdict(model).items()},
+        session_hints=session_hints,
+        released_blocks=released,
     )
 
 

@@ -50,6 +50,7 @@ from agentinfra.kvcache._protocol import (
     decode_blocks,
     decode_hello,
     decode_keys,
+    decode_session,
     encode_error,
     encode_header,
     encode_json,
@@ -272,6 +273,10 @@ class _Connection:
             stats = dataclasses.asdict(await call(store.stats))
             stats["server"] = self.server.describe()
             return [encode_json(stats)]
+        if op is Op.SESSION:
+            body, session_keys = decode_session(payload)
+            scoped = [tenant_key(tenant, k) for k in session_keys]
+            return [encode_json(await call(self._session, tenant, body, scoped))]
         if op is Op.EXPLAIN:
             explanation = await call(store.explain_keys, keys)
             result = dataclasses.asdict(explanation)
@@ -279,6 +284,38 @@ class _Connection:
                 result["key"] = client_keys[explanation.first_missing].hex()
             return [encode_json(result)]
         raise ProtocolError(Status.UNKNOWN_OPCODE, f"opcode {op.name} is not a request")
+
+    def _session(self, tenant: str, body: dict[str, Any], keys: list[BlockKey]) -> dict[str, Any]:
+        """An agent's hint, on the store's sessions (ids scoped by tenant, like keys).
+
+        ``begin``: a turn over ``keys`` (prefetched and pinned; answers the verified hit
+        run); ``add``: blocks the turn produced; ``end``: the agent waits on a tool,
+        its blocks live ``ttl_s`` more in memory; ``close``: done, and its private
+        blocks leave memory (``release``, default true). Unknown sessions are opened
+        by ``begin`` and ``add`` and ignored by ``end`` and ``close``.
+        """
+        store = self.server.store
+        name = f"{tenant}/{body['session']}"
+        session = store.session(name)
+        action = body["action"]
+        if session is None and action in ("begin", "add"):
+            parent = body.get("parent")
+            parent_session = (
+                store.session(f"{tenant}/{parent}") if isinstance(parent, str) else None
+            )
+            session = store.open_session(name, parent=parent_session)
+        if session is None:
+            return {"session": body["session"], "open": False}
+        if action == "begin":
+            return {"session": body["session"], "open": True, "hits": session.begin_turn(keys)}
+        if action == "add":
+            session.add(keys)
+        elif action == "end":
+            session.end_turn(ttl_s=float(body.get("ttl_s", 0.0)))
+        else:
+            session.close(release_private=bool(body.get("release", True)))
+            return {"session": body["session"], "open": False}
+        return {"session": body["session"], "open": True}
 
     def _hello(self, payload: bytearray | memoryview) -> bytes:
         tenant, token = decode_hello(payload)

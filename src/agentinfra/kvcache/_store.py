@@ -104,6 +104,8 @@ class StoreStats:
     quarantined: int
     sessions_active: int
     tiers: tuple[TierStats, ...] = field(default_factory=tuple)
+    released: int = 0
+    """Blocks a finished session held alone, moved out of memory when it closed."""
 
 
 class SessionState(enum.Enum):
@@ -139,9 +141,14 @@ class Session:
         """The agent now waits on a tool: unpin, and demote the blocks after ``ttl_s``."""
         self._store._end_turn(self, ttl_s)
 
-    def close(self) -> None:
-        """Ends the session and its sub-agents; their blocks become ordinary."""
-        self._store._close_session(self)
+    def close(self, *, release_private: bool = False) -> None:
+        """Ends the session and its sub-agents; their blocks become ordinary.
+
+        ``release_private``: the agent is done, so the blocks no other session ever
+        held (its own turns, not a shared system prompt or a parent's context) leave
+        memory at once (to disk when there is one) instead of ageing out there.
+        """
+        self._store._close_session(self, release_private)
 
 
 class TieredStore:
@@ -182,8 +189,10 @@ class TieredStore:
         self._namespaces: dict[BlockKey, Namespace] = {}
         self._sessions: dict[str, Session] = {}
         self._protected: dict[BlockKey, int] = {}
+        self._holders: dict[BlockKey, int] = {}
+        """How many sessions ever held each block (1: private to one agent)."""
         self._counts = dict.fromkeys(
-            ("lookups", "hit_blocks", "promotions", "demotions", "dropped"), 0
+            ("lookups", "hit_blocks", "promotions", "demotions", "dropped", "released"), 0
         )
         self._misses: dict[str, int] = dict.fromkeys(
             ("never_stored", "evicted", "checksum", "namespace", "format"), 0
@@ -470,6 +479,7 @@ class TieredStore:
                     removed += tier.remove(keys)
             for key in keys:
                 self._uses.pop(key, None)
+                self._holders.pop(key, None)
             return removed
 
     # -- sessions --------------------------------------------------------------
@@ -499,6 +509,7 @@ class TieredStore:
             if key not in session.keys:
                 session.keys.append(key)
                 self._protected[key] = self._protected.get(key, 0) + 1
+                self._holders[key] = self._holders.get(key, 0) + 1
             if self.memory.pin(key):
                 session._pinned.append(key)
 
@@ -523,17 +534,31 @@ class TieredStore:
                 touch(list(session.keys), ttl_s)
             self._expire()
 
-    def _close_session(self, session: Session) -> None:
+    def _close_session(self, session: Session, release_private: bool = False) -> None:
         with self._locked():
             for child in [s for s in self._sessions.values() if s.parent is session]:
-                self._close_session(child)
+                self._close_session(child, release_private)
             self._release(session)
+            now = self._clock()
             for key in session.keys:
                 left = self._protected.get(key, 0) - 1
                 if left > 0:
                     self._protected[key] = left
                 else:
                     self._protected.pop(key, None)
+                if (
+                    release_private
+                    and self._holders.get(key) == 1
+                    and not self.memory.is_pinned(key)
+                ):
+                    data = self.memory.peek(key)
+                    if data is not None and self._memory.remove([key]):
+                        self._counts["released"] += 1
+                        if self._disk is not None:
+                            self._defer(self._disk, [(key, data)])
+                            self._record(key, now, "memory", "session-done", "disk")
+                        else:
+                            self._record(key, now, "memory", "session-done", None)
             session.state = SessionState.CLOSED
             self._sessions.pop(session.session_id, None)
 
@@ -555,6 +580,11 @@ class TieredStore:
                         self._defer(self._disk, [(key, data)])
                         self._counts["demotions"] += 1
                         self._record(key, now, "memory", "session-ttl", "disk")
+
+    def session(self, session_id: str) -> Session | None:
+        """The open session ``session_id``, or None."""
+        with self._lock:
+            return self._sessions.get(session_id)
 
     def sessions(self) -> list[Session]:
         """Open sessions."""

@@ -32,6 +32,14 @@ Design (decision 0010):
   (``num_computed_tokens + num_scheduled_tokens``), block ids follow
   ``new_block_ids`` (replaced on resume from preemption), and a preempted
   request asks the store again when it is rescheduled.
+- **Session hints**: a request whose ``kv_transfer_params`` hold
+  ``{"agentinfra": {"session": ID, "parent": PARENT?}}`` (the agent loop sends
+  its run id) is a turn of that agent session: the lookup is a SESSION ``begin``
+  (prefetch and pin the prefix), saved blocks are added to it, and when the
+  request finishes the turn ends with ``tool_wait_ttl_s`` (the agent now
+  runs tools). ``"state": "done"`` closes it instead (its private blocks leave
+  memory); `agentinfra run --kv-hints HOST:PORT` sends that close to the kv server itself when
+  an agent stops between requests (vLLM sees hints only on requests).
 
 Counters (lookups, hits, blocks loaded, load errors, blocks saved, dropped saves,
 network errors) are logged at shutdown and kept in `ConnectorCounters`.
@@ -101,6 +109,8 @@ class ConnectorSettings:
     load: bool = True
     save: bool = True
     max_pending_mib: float = 256.0
+    tool_wait_ttl_s: float = 120.0
+    """How long an agent's blocks stay in memory after its turn while it runs tools (session hints)."""
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorSettings:
@@ -233,6 +243,31 @@ def _isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtype: str) 
         return "unknown"
 
 
+def _session_hint(request: Request) -> tuple[str, str | None, bool] | None:
+    """(session, parent, done) from ``kv_transfer_params["agentinfra"]``, or None without a valid hint."""
+    params = getattr(request, "kv_transfer_params", None)
+    hint = params.get("agentinfra") if isinstance(params, dict) else None
+    if (
+        not isinstance(hint, dict)
+        or not isinstance(hint.get("session"), str)
+        or not hint["session"]
+    ):
+        return None
+    parent = hint.get("parent")
+    return (
+        str(hint["session"])[:200],
+        str(parent)[:200] if isinstance(parent, str) else None,
+        hint.get("state") == "done",
+    )
+
+
+async def _begin(
+    client: AsyncCacheClient, session: str, keys: list[BlockKey], parent: str | None
+) -> int:
+    answer = await client.session(session, "begin", keys, parent=parent)
+    return int(answer.get("hits", 0))
+
+
 def layout_label(vllm_config: VllmConfig) -> str:
     """The engine-native layout label of this engine's KV blocks (part of every key)."""
     from vllm.platforms import current_platform
@@ -277,6 +312,9 @@ class _Request:
     hits: int | None = None
     local_computed: int = 0
     pending_load: tuple[list[bytes], list[int]] | None = None
+    session: str | None = None
+    parent: str | None = None
+    done: bool = False
 
 
 class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -344,6 +382,9 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     block_size_tokens=namespace.block_size_tokens, tenant_salt=str(salt).encode(),
                 )  # fmt: skip
             state = _Request(request, namespace)
+            hint = _session_hint(request)
+            if hint is not None:
+                state.session, state.parent, state.done = hint
             self._requests[request.request_id] = state
         return state
 
@@ -374,7 +415,14 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if state.lookup is None:
                 keys = self._keys(state, usable)
                 self.counters.lookups += 1
-                state.lookup = self.remote.call(lambda client: client.leading_hits(keys))
+                if (
+                    state.session is not None
+                ):  # a turn: prefetch and pin the prefix, answer the hits
+                    state.lookup = self.remote.call(
+                        lambda client: _begin(client, state.session or "", keys, state.parent)
+                    )
+                else:
+                    state.lookup = self.remote.call(lambda client: client.leading_hits(keys))
                 state.lookup_started = time.monotonic()
             if not state.lookup.done():
                 if time.monotonic() - state.lookup_started < self.settings.lookup_timeout_s:
@@ -454,15 +502,36 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if full <= state.next_save:
             return
         keys = self._keys(state, full)
-        meta.saves.append((req_id, [bytes(k) for k in keys[state.next_save : full]],
-                           state.block_ids[state.next_save : full]))  # fmt: skip
+        new_keys = keys[state.next_save : full]
+        meta.saves.append(
+            (req_id, [bytes(k) for k in new_keys], state.block_ids[state.next_save : full])
+        )
         state.next_save = full
+        if state.session is not None:
+            self._hint(state.session, "add", new_keys)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        self._requests.pop(request.request_id, None)
-        return False, None  # saves were copied out in the steps that computed them
+        state = self._requests.pop(request.request_id, None)
+        if state is not None and state.session is not None:
+            if state.done:
+                self._hint(state.session, "close")
+            else:
+                self._hint(state.session, "end", ttl_s=self.settings.tool_wait_ttl_s)
+        return False, None
+
+    def _hint(
+        self, session: str, action: str, keys: list[BlockKey] | None = None, **options: Any
+    ) -> None:
+        """A session hint on the background thread; a failure costs only the hint."""
+
+        async def send(client: AsyncCacheClient) -> dict[str, Any]:
+            return await client.session(session, action, keys or [], **options)
+
+        self.remote.call(send).add_done_callback(
+            lambda future: future.exception()
+        )  # saves were copied out in the steps that computed them
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -125,3 +126,21 @@ def test_payload_parsers_fuzz(data: bytes) -> None:
     for parser in (decode_keys, decode_blocks, decode_hello):
         with contextlib.suppress(ProtocolError):
             parser(data)
+
+
+def test_session_requests_are_checked() -> None:
+    from agentinfra.kvcache._protocol import decode_session, encode_session
+
+    key = bytes(range(32))
+    body, keys = decode_session(encode_session({"session": "run-1", "action": "begin"}, [key]))
+    assert body["session"] == "run-1"
+    assert keys == [key]
+    for bad, message in [
+        ({"session": "", "action": "begin"}, "session id of 1..256"),
+        ({"session": "x", "action": "pin"}, "action 'pin' is not one of begin, add, end, close"),
+        ({"session": "x", "action": "end", "ttl_s": -1}, "ttl_s=-1 must be a number >= 0"),
+    ]:
+        with pytest.raises(ProtocolError, match=re.escape(message)):
+            decode_session(encode_session(bad))
+    with pytest.raises(ProtocolError, match="overruns"):
+        decode_session(b"\xff\x00\x00\x00{}")

@@ -126,3 +126,28 @@ def test_cli_gen_trace_then_compare(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert sorted(line["policy"] for line in lines) == ["lfu-aging", "lru", "prefix-lru"]
     assert all(line["hit_rate"] <= line["belady_hit_rate"] + 1e-9 for line in lines)
+
+
+def test_session_hints_release_a_done_agents_private_blocks() -> None:
+    from agentinfra.kvcache import TraceRequest, replay
+
+    requests = [
+        TraceRequest(0, 32, 1, (1, 2, 10), "a"),  # 1, 2: a shared system prompt
+        TraceRequest(1, 32, 1, (1, 2, 20), "b"),
+        TraceRequest(2, 32, 1, (1, 2, 10, 11), "a"),  # a is done after this one
+        TraceRequest(3, 32, 1, (1, 2, 20, 21, 22), "b"),
+        TraceRequest(4, 32, 1, (1, 2, 20, 21, 22, 23), "b"),
+    ]
+    plain = replay(requests, capacity_blocks=4, policy="lru", block_tokens=8, with_belady=False)
+    hinted = replay(
+        requests,
+        capacity_blocks=4,
+        policy="lru",
+        block_tokens=8,
+        with_belady=False,
+        session_hints=True,
+    )
+    assert (
+        hinted.released_blocks == 3
+    )  # the done agents' own blocks still cached (1, 2 are shared: kept)
+    assert hinted.hit_blocks > plain.hit_blocks  # b's context no longer pushed out by a's

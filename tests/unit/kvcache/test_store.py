@@ -265,3 +265,21 @@ def test_remote_tier_is_written_through_read_after_local_and_touched_by_sessions
     assert remote.touched == [(keys, 90)]
     assert writer.stats().tiers[-1].name == "remote"
     assert writer.remove(keys) == 2 * len(keys)  # memory and remote copies
+
+
+def test_a_done_session_releases_only_its_private_blocks(tmp_path: Path) -> None:
+    store = make_store(tmp_path, 10)
+    shared = put_tokens(store, list(range(8)))  # a system prompt both agents read
+    first, second = store.open_session("a"), store.open_session("b")
+    first.begin_turn(shared)
+    second.begin_turn(shared)
+    private = put_tokens(store, list(range(8)) + list(range(100, 108)))[2:]  # a's own turn
+    first.add(private)
+    first.end_turn(ttl_s=60)
+    first.close(release_private=True)
+    assert all(k in store.memory for k in shared)  # b still holds them, and held them before
+    assert not any(k in store.memory for k in private)
+    assert all(k in store.disk for k in private)  # type: ignore[operator]  # demoted, not lost
+    assert store.stats().released == len(private)
+    second.close()  # without release: its blocks simply become ordinary
+    assert all(k in store.memory for k in shared)
