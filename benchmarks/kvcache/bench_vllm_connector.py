@@ -33,8 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.cli._kv_server import vllm_python
-from agentinfra.kvcache import BlockKey, CacheClient, MemoryTier, ServerThread, TieredStore
-from agentinfra.kvcache._hf import random_checkpoint
+from agentinfra.kvcache import (
+    BlockKey,
+    CacheClient,
+    MemoryTier,
+    ServerThread,
+    TieredStore,
+    random_checkpoint,
+)
 
 _LOADED = re.compile(
     r"loaded (\d+) blocks \((\d+) bytes\) for request \S+: get ([0-9.]+) s, copy ([0-9.]+) s"

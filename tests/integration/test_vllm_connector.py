@@ -52,7 +52,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentinfra.kvcache._hf import random_checkpoint
+    from agentinfra.kvcache import random_checkpoint
 
     return Path(
         random_checkpoint(

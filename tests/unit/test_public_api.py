@@ -76,6 +76,7 @@ EXPECTED: dict[str, list[str]] = {
         "load_token_file",
         "make_policy",
         "parse_block",
+        "random_checkpoint",
         "read_trace",
         "replay",
         "tenant_key",

@@ -344,7 +344,7 @@ def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
     """Two vLLM engine processes on a random checkpoint, the second loading the prefix from `kv serve`."""
     import json
 
-    from agentinfra.kvcache._hf import random_checkpoint
+    from agentinfra.kvcache import random_checkpoint
 
     python = vllm_python()
     with tempfile.TemporaryDirectory(prefix="agentinfra-vllm-demo-") as tmp:

@@ -14,7 +14,13 @@ from agentinfra.kvcache._block import (
 )
 from agentinfra.kvcache._client import AsyncCacheClient, CacheClient
 from agentinfra.kvcache._disk_tier import DiskTier
-from agentinfra.kvcache._hf import BlockSource, PrefillResult, PrefixCachedModel, tiny_llama
+from agentinfra.kvcache._hf import (
+    BlockSource,
+    PrefillResult,
+    PrefixCachedModel,
+    random_checkpoint,
+    tiny_llama,
+)
 from agentinfra.kvcache._index import BlockIndex, InsertResult
 from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
@@ -114,6 +120,7 @@ __all__ = [
     "load_token_file",
     "make_policy",
     "parse_block",
+    "random_checkpoint",
     "read_trace",
     "replay",
     "tenant_key",
