@@ -96,11 +96,12 @@ def restore(server: ServerThread, blocks: list[tuple[Any, bytes]]) -> None:
 
 
 def probe(model: Path, port: int, *, tokens: int, max_batched: int = 2048, extra: dict[str, Any] | None = None,
-          connector: bool = True) -> tuple[dict[str, Any], str]:  # fmt: skip
+          connector: bool = True, more: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:  # fmt: skip
     args = [str(VLLM_PYTHON), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
             "--tokens", str(tokens), "--max-batched", str(max_batched), "--extra", json.dumps(extra or {})]  # fmt: skip
     if not connector:
         args.append("--no-connector")
+    args += more
     done = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=ROOT,
                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}, check=False)  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.startswith("AGENTINFRA_PROBE ")]
@@ -435,3 +436,14 @@ def test_a_bad_connector_setting_stops_the_engine_with_one_clear_line(
                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
     assert done.returncode != 0
     assert "unknown kv_connector_extra_config key(s) ['ulr']" in done.stdout + done.stderr
+
+
+def test_preempted_requests_resume_with_identical_output(
+    checkpoint: Path, server: ServerThread
+) -> None:
+    three = ("--prompts", "3", "--max-new", "96")
+    reference, _ = probe(checkpoint, server.port, tokens=300, connector=False, more=three)
+    # 30 blocks of 32 tokens for three requests that each grow to 12: the engine must preempt and resume
+    squeezed, log = probe(checkpoint, server.port, tokens=300, more=(*three, "--num-blocks", "30"))
+    assert sum(r["preemptions"] for r in squeezed["all"]) > 0, log[-3000:]
+    assert [r["tokens"] for r in squeezed["all"]] == [r["tokens"] for r in reference["all"]]

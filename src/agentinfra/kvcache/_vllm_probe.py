@@ -48,6 +48,12 @@ def main() -> None:
     )
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--extra", default="{}", help="More kv_connector_extra_config, as JSON.")
+    parser.add_argument(
+        "--prompts", type=int, default=1, help="Prompts at once (seeds SEED, SEED+1, ...)."
+    )
+    parser.add_argument(
+        "--num-blocks", type=int, default=None, help="KV blocks of the engine (forces preemption)."
+    )
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -74,29 +80,31 @@ def main() -> None:
         model=args.model, skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
         max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched, enforce_eager=True,
         enable_prefix_caching=not args.no_prefix_caching, kv_transfer_config=transfer,
-        disable_log_stats=False,
+        disable_log_stats=False, num_gpu_blocks_override=args.num_blocks,
     )  # fmt: skip
     greedy = SamplingParams(max_tokens=args.max_new, temperature=0.0, logprobs=1)
     warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
     llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
     started = time.monotonic()
-    (out,) = llm.generate(
-        [{"prompt_token_ids": prompt_ids(args.tokens, args.seed, args.vocab)}],
-        greedy,
-        use_tqdm=False,
-    )
-    elapsed = time.monotonic() - started
-    completion = out.outputs[0]
-    metrics = getattr(out, "metrics", None)
-    ttft = float(getattr(metrics, "first_token_latency", 0.0) or 0.0) or None
-    logprobs = [
-        float(step[token].logprob)
-        for step, token in zip(completion.logprobs or [], completion.token_ids, strict=False)
+    prompts = [
+        {"prompt_token_ids": prompt_ids(args.tokens, args.seed + i, args.vocab)}
+        for i in range(args.prompts)
     ]
-    print(PREFIX + json.dumps({
-        "tokens": list(completion.token_ids), "logprobs": logprobs, "prompt_tokens": args.tokens,
-        "cached_tokens": int(out.num_cached_tokens or 0), "ttft_s": ttft, "generate_s": round(elapsed, 4),
-    }), flush=True)  # fmt: skip
+    outs = llm.generate(prompts, greedy, use_tqdm=False)
+    elapsed = time.monotonic() - started
+    results = []
+    for out in outs:
+        completion = out.outputs[0]
+        metrics = getattr(out, "metrics", None)
+        ttft = float(getattr(metrics, "first_token_latency", 0.0) or 0.0) or None
+        logprobs = [float(step[token].logprob)
+                    for step, token in zip(completion.logprobs or [], completion.token_ids, strict=False)]  # fmt: skip
+        results.append({"tokens": list(completion.token_ids), "logprobs": logprobs, "prompt_tokens": args.tokens,
+                        "cached_tokens": int(out.num_cached_tokens or 0), "ttft_s": ttft,
+                        "preemptions": int(getattr(metrics, "num_preemptions", 0) or 0),
+                        "generate_s": round(elapsed, 4)})  # fmt: skip
+    first = results[0]
+    print(PREFIX + json.dumps({**first, "all": results} if len(results) > 1 else first), flush=True)
 
 
 if __name__ == "__main__":
