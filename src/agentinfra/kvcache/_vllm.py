@@ -473,6 +473,7 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             new_ids = cached.new_block_ids[index]
             if req_id in resumed:
                 state.block_ids = list(new_ids[0]) if new_ids else []
+                log.info("AgentinfraConnector: request %s resumed after preemption", req_id)
             elif new_ids:
                 state.block_ids += list(new_ids[0])
             self._take_load(state, req_id, meta)

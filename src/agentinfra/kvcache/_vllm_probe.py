@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument(
         "--num-blocks", type=int, default=None, help="KV blocks of the engine (forces preemption)."
     )
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="Generate --max-new tokens every time."
+    )
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -82,7 +85,9 @@ def main() -> None:
         enable_prefix_caching=not args.no_prefix_caching, kv_transfer_config=transfer,
         disable_log_stats=False, num_gpu_blocks_override=args.num_blocks,
     )  # fmt: skip
-    greedy = SamplingParams(max_tokens=args.max_new, temperature=0.0, logprobs=1)
+    greedy = SamplingParams(
+        max_tokens=args.max_new, temperature=0.0, logprobs=1, ignore_eos=args.ignore_eos
+    )
     warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
     llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
     started = time.monotonic()
