@@ -448,3 +448,32 @@ def test_preempted_requests_resume_with_identical_output(
     squeezed, log = probe(checkpoint, server.port, tokens=100, more=(*six, "--num-blocks", "30"))
     assert "resumed after preemption" in log, log[-3000:]
     assert [r["tokens"] for r in squeezed["all"]] == [r["tokens"] for r in reference["all"]]
+
+
+SMOLLM2 = ROOT / ".venv" / "vllm" / "models" / "smollm2-135m-instruct"
+
+
+@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} missing: run `make smollm2`")
+def test_a_real_model_loads_its_prefix_from_the_store(server: ServerThread) -> None:
+    """SmolLM2-135M-Instruct (real weights, peaked logits): the cached engine answers exactly as the cold one,
+    and random KV in the store visibly changes its answer."""
+    common = {"tokens": 1000, "more": ("--vocab", "49152", "--max-new", "16")}
+    cold, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
+    warm, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
+    assert cold["cached_tokens"] == 0
+    assert warm["cached_tokens"] == 992
+    assert same_output(cold, warm), (cold, warm)
+    rng = np.random.default_rng(0)
+    garbage_blocks = []
+    for key, data in list(
+        _stored(server).items()
+    ):  # same keys and sizes, valid checksums, random KV
+        block = parse_block(data)
+        assert block is not None
+        noise = rng.standard_normal(block.header.shape).astype(np.float32)
+        garbage_blocks.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
+    server._store.remove([key for key, _ in garbage_blocks])
+    server._store.put_encoded(garbage_blocks)
+    garbage, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
+    assert garbage["cached_tokens"] == 992
+    assert garbage["tokens"] != cold["tokens"]
