@@ -32,7 +32,7 @@ from agentinfra.environments.desktop import (
     default_mirror,
     load_desktop_task,
 )
-from agentinfra.environments.desktop._agent import DesktopAgent
+from agentinfra.environments.desktop._agent import DesktopAgent, executed_actions, read_actions
 from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
 from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents, summarize
 
@@ -109,14 +109,11 @@ def main() -> None:
         for run in runs:
             finals = [json.loads(p.read_text()) for p in (run.path / "evaluations").rglob("*.json")]
             passed += any(f["outcome"] == "passed" for f in finals)
-            lines = (
-                (run.path / "agent" / "workspace" / "episode" / "actions.jsonl")
-                .read_text()
-                .splitlines()
-            )
-            executed = [line for line in lines if '"code"' in line or '"wait_s"' in line]
+            entries = read_actions(run.path / "agent" / "workspace" / "episode")
+            executed = executed_actions(entries)
             steps += len(executed)
-            journals[run.spec.run_id] = [line for line in lines if '"setup"' in line] + executed
+            setup = [e for e in entries if e.get("setup")]
+            journals[run.spec.run_id] = [json.dumps(e) for e in setup + executed]
             run.close()
         flagged = [a for row in summarize([r.path for r in runs])["runs"] for a in row["anomalies"]]
         resume = []

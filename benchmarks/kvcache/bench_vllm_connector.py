@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from agentinfra.cli._kv_server import vllm_python
+from agentinfra.cli._kv_server import run_probe, vllm_python
 from agentinfra.kvcache import (
     BlockKey,
     CacheClient,
@@ -50,16 +50,9 @@ _LOADED = re.compile(
 def engine(
     python: Path, model: Path, port: int, tokens: int, *extra: str
 ) -> tuple[dict[str, Any], str]:
-    done = subprocess.run(
-        [str(python), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
-         "--tokens", str(tokens), "--vocab", "32000", "--max-batched", str(tokens + 512),
-         "--max-model-len", str(tokens + 1024), *extra],
-        capture_output=True, text=True, check=False, env={"VLLM_CPU_KVCACHE_SPACE": "4", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("AGENTINFRA_PROBE ")]
-    if done.returncode or not lines:
-        raise SystemExit(f"engine failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    return json.loads(lines[-1].removeprefix("AGENTINFRA_PROBE ")), done.stdout + done.stderr
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    return run_probe(python, model, port, tokens, "--vocab", "32000", "--max-batched", str(tokens + 512),
+                     "--max-model-len", str(tokens + 1024), *extra)  # type: ignore[return-value]  # fmt: skip
 
 
 def main() -> None:

@@ -138,19 +138,24 @@ def _stored(server: ServerThread) -> dict[Any, bytes]:
     return server._store.memory._data
 
 
-def test_garbage_kv_visibly_changes_the_tokens(
-    checkpoint: Path, server: ServerThread, seeded: Any
-) -> None:
-    cold, saved = seeded
+def random_kv(blocks: list[tuple[Any, bytes]]) -> list[tuple[Any, bytes]]:
+    """The same keys and sizes with valid checksums, and random KV in them."""
     rng = np.random.default_rng(0)
-    garbage = []
-    for key, data in saved:  # same keys and sizes, valid checksums, random KV
+    out = []
+    for key, data in blocks:
         block = parse_block(data)
         assert block is not None
         assert block.header.layout == LAYOUT_ENGINE_NATIVE
         noise = rng.standard_normal(block.header.shape).astype(np.float32) * 3
-        garbage.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
-    restore(server, garbage)
+        out.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
+    return out
+
+
+def test_garbage_kv_visibly_changes_the_tokens(
+    checkpoint: Path, server: ServerThread, seeded: Any
+) -> None:
+    cold, saved = seeded
+    restore(server, random_kv(saved))
     warm, _ = probe(checkpoint, server.port, tokens=300)
     assert warm["cached_tokens"] == 288  # it loaded the garbage ...
     assert warm["tokens"] != cold["tokens"]  # ... and the garbage decided its answer
@@ -463,17 +468,9 @@ def test_a_real_model_loads_its_prefix_from_the_store(server: ServerThread) -> N
     assert cold["cached_tokens"] == 0
     assert warm["cached_tokens"] == 992
     assert same_output(cold, warm), (cold, warm)
-    rng = np.random.default_rng(0)
-    garbage_blocks = []
-    for key, data in list(
-        _stored(server).items()
-    ):  # same keys and sizes, valid checksums, random KV
-        block = parse_block(data)
-        assert block is not None
-        noise = rng.standard_normal(block.header.shape).astype(np.float32)
-        garbage_blocks.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
-    server._store.remove([key for key, _ in garbage_blocks])
-    server._store.put_encoded(garbage_blocks)
+    saved = list(_stored(server).items())
+    server._store.remove([key for key, _ in saved])
+    restore(server, random_kv(saved))
     garbage, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
     assert garbage["cached_tokens"] == 992
     assert garbage["tokens"] != cold["tokens"]

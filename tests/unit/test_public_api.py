@@ -117,6 +117,7 @@ EXPECTED: dict[str, list[str]] = {
         "build_report",
         "compute_metrics",
         "export_record",
+        "find_anomalies",
         "graded_score",
         "load_recording",
         "load_records",

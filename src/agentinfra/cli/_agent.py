@@ -18,7 +18,7 @@ from rich.table import Table
 
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
-from agentinfra.environments import Anomaly, GraderSettings, RunView, environment_definition
+from agentinfra.environments import Anomaly, GraderSettings, environment_definition
 from agentinfra.errors import AgentInfraError, ConfigError
 from agentinfra.harness import (
     AgentRunState,
@@ -26,8 +26,8 @@ from agentinfra.harness import (
     agent_run_spec,
     api_key_from_env,
     export_record,
+    find_anomalies,
     run_agents,
-    run_view,
     write_summary,
 )
 
@@ -271,20 +271,6 @@ def resume_agent(run: RunDirectory) -> None:
     )
 
 
-def _anomalies_by_run(paths: list[Path], audit: Path | None) -> dict[str, list[Anomaly]]:
-    """Every environment's anomalies across ``paths`` (runs of any environment), by run path."""
-    views: dict[str, list[RunView]] = {}
-    for path in paths:
-        view = run_view(path)
-        views.setdefault(RunDirectory.read_info(path).spec.environment, []).append(view)
-    found: dict[str, list[Anomaly]] = {}
-    for name, group in views.items():
-        finder = environment_definition(name).find_anomalies
-        for anomaly in finder(group, audit) if finder is not None else []:
-            found.setdefault(anomaly.run, []).append(anomaly)
-    return found
-
-
 def export_command(
     runs: Annotated[list[Path], typer.Argument(help="Run directories of `agentinfra run`.")],
     fmt: Annotated[str, typer.Option("--format", help="Output format.")] = "jsonl",
@@ -303,7 +289,9 @@ def export_command(
     records: list[dict[str, Any]] = []
     paths = [p for p in runs if (p / "run.json").is_file()]
     skipped = len(runs) - len(paths)
-    anomalies = _anomalies_by_run(paths, audit)
+    anomalies: dict[str, list[Anomaly]] = {}
+    for anomaly in find_anomalies(paths, audit):
+        anomalies.setdefault(anomaly.run, []).append(anomaly)
     images_dir = None if out is None else out.parent / "images"
     for path in paths:
         try:

@@ -316,8 +316,10 @@ def vllm_python() -> Path:
     return path
 
 
-def run_probe(python: Path, model: Path, port: int, tokens: int, *extra: str) -> dict[str, object]:
-    """One `agentinfra.kvcache._vllm_probe` engine run; its JSON result.
+def run_probe(
+    python: Path, model: Path, port: int, tokens: int, *extra: str
+) -> tuple[dict[str, object], str]:
+    """One `agentinfra.kvcache._vllm_probe` engine run: its JSON result and its log (vLLM's and the connector's).
 
     Raises:
         ConfigError: the engine failed (the tail of its output is in the message).
@@ -337,7 +339,7 @@ def run_probe(python: Path, model: Path, port: int, tokens: int, *extra: str) ->
         tail = (done.stdout + done.stderr)[-2000:]
         raise ConfigError(f"the vLLM engine failed (exit {done.returncode}):\n{tail}")
     result: dict[str, object] = json.loads(found[-1].removeprefix("AGENTINFRA_PROBE "))
-    return result
+    return result, done.stdout + done.stderr
 
 
 def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
@@ -358,10 +360,10 @@ def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
                 console.print(
                     f"engine 1 computes {tokens} tokens and saves its blocks to the kv server ..."
                 )
-            cold = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+            cold, _ = run_probe(python, model, server.port, tokens, "--vocab", "32000")
             if not as_json:
                 console.print("engine 2 (a fresh process) loads the prefix from the kv server ...")
-            warm = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+            warm, _ = run_probe(python, model, server.port, tokens, "--vocab", "32000")
         finally:
             server.close()
             store.close()

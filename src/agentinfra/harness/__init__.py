@@ -35,7 +35,13 @@ from agentinfra.harness._report import (
 )
 from agentinfra.harness._rundir import FINISH_MARKER, RunDirectory, RunLayout, StoredSubmission
 from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
-from agentinfra.harness._summary import SUMMARY_SCHEMA_VERSION, run_view, summarize, write_summary
+from agentinfra.harness._summary import (
+    SUMMARY_SCHEMA_VERSION,
+    find_anomalies,
+    run_view,
+    summarize,
+    write_summary,
+)
 
 __all__ = [
     "AgentRunState",
@@ -70,6 +76,7 @@ __all__ = [
     "build_report",
     "compute_metrics",
     "export_record",
+    "find_anomalies",
     "graded_score",
     "load_recording",
     "load_records",

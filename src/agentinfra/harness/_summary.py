@@ -28,7 +28,7 @@ from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
 from agentinfra.harness._rundir import RunDirectory, RunLayout, atomic_write
 
-__all__ = ["SUMMARY_SCHEMA_VERSION", "run_view", "summarize", "write_summary"]
+__all__ = ["SUMMARY_SCHEMA_VERSION", "find_anomalies", "run_view", "summarize", "write_summary"]
 
 SUMMARY_SCHEMA_VERSION = 1
 
@@ -90,6 +90,26 @@ def _agent_facts(layout: RunLayout) -> dict[str, Any]:
     }
 
 
+def _find(views: dict[str, list[RunView]], audit: Path | None) -> list[Anomaly]:
+    found: list[Anomaly] = []
+    for name, group in views.items():
+        try:
+            finder = environment_definition(name).find_anomalies
+        except AgentInfraError:
+            continue  # an environment no longer installed: its runs still show, without anomalies
+        if finder is not None:
+            found += finder(group, audit)
+    return found
+
+
+def find_anomalies(paths: Sequence[Path], audit: Path | None = None) -> list[Anomaly]:
+    """Every environment's anomalies across the runs at ``paths`` (of any environments)."""
+    views: dict[str, list[RunView]] = defaultdict(list)
+    for path in paths:
+        views[RunDirectory.read_info(path).spec.environment].append(run_view(path))
+    return _find(views, audit)
+
+
 def summarize(paths: Sequence[Path], audit: Path | None = None) -> dict[str, Any]:
     """The summary of the runs at ``paths`` (``audit``: an environment's task audit, for its anomalies).
 
@@ -113,14 +133,7 @@ def summarize(paths: Sequence[Path], audit: Path | None = None) -> dict[str, Any
             "anomalies": [],
         })  # fmt: skip
         views[info.spec.environment].append(run_view(path))
-    anomalies: list[Anomaly] = []
-    for name, group in views.items():
-        try:
-            finder = environment_definition(name).find_anomalies
-        except AgentInfraError:
-            continue  # an environment no longer installed: its rows still show
-        if finder is not None:
-            anomalies += finder(group, audit)
+    anomalies = _find(views, audit)
     by_path = {row["path"]: row for row in rows}
     for anomaly in anomalies:
         if anomaly.run in by_path:

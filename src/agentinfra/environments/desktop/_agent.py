@@ -112,6 +112,25 @@ class DesktopAgentOptions:
         return cls(**options)
 
 
+def read_actions(episode_dir: Path) -> list[dict[str, Any]]:
+    """The episode's action journal (``actions.jsonl``); a torn last line is not journalled."""
+    path = episode_dir / "actions.jsonl"
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            break
+    return entries
+
+
+def executed_actions(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The journal's actions that reached the desktop (not refused ones, setup, DONE or FAIL)."""
+    return [e for e in entries if "code" in e or "wait_s" in e]
+
+
 class DesktopAgent:
     """One agent's desktop and its tools."""
 
@@ -163,9 +182,10 @@ class DesktopAgent:
         session.start()
         for step in self.task.config:
             run_setup_step(session, step, self.mirror)
-        if not self._journalled():
+        journalled = read_actions(self.episode_dir)
+        if not journalled:
             self._log({"setup": True, "files": self._file_states(session)})
-        self._replay(session)
+        self._replay(session, executed_actions(journalled))
 
     def _file_states(self, session: DesktopSession) -> dict[str, str | None]:
         """The graded files as they are now: SHA-256 of each regular file, None where there is none.
@@ -191,18 +211,6 @@ class DesktopAgent:
                 states[path] = hashlib.file_digest(handle, "sha256").hexdigest()
         return states
 
-    def _journalled(self) -> list[dict[str, Any]]:
-        path = self.episode_dir / "actions.jsonl"
-        if not path.is_file():
-            return []
-        entries = []
-        for line in path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except ValueError:
-                break  # a torn last line: that action is not journalled
-        return entries
-
     def _completed_action_results(self) -> int:
         """How many action-tool results the run's transcript holds (it lives beside the workspace)."""
         path = self.workspace.parent / "transcript.jsonl"
@@ -214,9 +222,8 @@ class DesktopAgent:
             if e.type == "tool_result" and e.data.get("name") in _ACTION_TOOLS
         )
 
-    def _replay(self, session: DesktopSession) -> None:
+    def _replay(self, session: DesktopSession, entries: list[dict[str, Any]]) -> None:
         """After a crash: the journalled actions again, in order, on the fresh desktop."""
-        entries = [e for e in self._journalled() if "code" in e or "wait_s" in e]
         if not entries:
             return
         for entry in entries:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.environments import Anomaly, RunView
+from agentinfra.environments.desktop._agent import executed_actions, read_actions
 from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task
 from agentinfra.errors import AgentInfraError
 
@@ -42,23 +43,6 @@ __all__ = ["MIN_SEQUENCE", "desktop_anomalies"]
 MIN_SEQUENCE = 3
 _SHELL = re.compile(r">|\btee\b|\bcp\b|\bmv\b|\bprintf\b|\becho\b|\bcat\b|\bpython3?\b|\bdd\b")
 _IDLE = ({"action": "screenshot"}, "WAIT", {"action_type": "WAIT"})
-
-
-def _actions(run: RunView) -> list[dict[str, Any]]:
-    path = run.workspace / "episode" / "actions.jsonl"
-    if not path.is_file():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line
-    return entries
-
-
-def _executed(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [e for e in entries if "code" in e or "wait_s" in e]
 
 
 def _typed(action: Any) -> str:
@@ -91,7 +75,7 @@ def _one_step_writes(
     run: RunView, task: DesktopTask, entries: list[dict[str, Any]], track: str
 ) -> list[Anomaly]:
     setup = next((e for e in entries if e.get("setup")), None)
-    executed = [e for e in _executed(entries) if isinstance(e.get("files"), dict)]
+    executed = [e for e in executed_actions(entries) if isinstance(e.get("files"), dict)]
     if setup is None or not executed:
         return []
     found = []
@@ -115,7 +99,7 @@ def _one_step_writes(
 
 
 def _signature(entries: list[dict[str, Any]]) -> str | None:
-    actions = [e.get("action") for e in _executed(entries)]
+    actions = [e.get("action") for e in executed_actions(entries)]
     actions = [a for a in actions if a not in _IDLE]
     if len(actions) < MIN_SEQUENCE:
         return None
@@ -160,7 +144,7 @@ def desktop_anomalies(runs: Sequence[RunView], audit: Path | None = None) -> lis
                 )
             )
             continue
-        entries = _actions(run)
+        entries = read_actions(run.workspace / "episode")
         track = str(run.options.get("track", "gui-only"))
         final = run.submissions[-1] if run.submissions else {}
         last = next((e for e in reversed(entries) if e.get("action") in ("DONE", "FAIL")), None)
@@ -184,7 +168,7 @@ def desktop_anomalies(runs: Sequence[RunView], audit: Path | None = None) -> lis
                                      "in the audit: this success is no evidence"))  # fmt: skip
         signature = _signature(entries)
         if signature is not None:
-            first = _executed(entries)[0]
+            first = executed_actions(entries)[0]
             by_signature[signature].append((run, task.id, first))
     for group in by_signature.values():
         tasks = {task_id for _, task_id, _ in group}
