@@ -4,7 +4,8 @@
   client, retries honouring Retry-After, an `EndpointLimiter` shared per endpoint)
   with `Tool`s, budgets and context management, journalled in a `Transcript` so
   a crashed run resumes from its last completed turn.
-- `parse_minimax_reply`: MiniMax XML tool calls and reasoning in raw text.
+- `parse_minimax_reply`, `parse_hermes_calls`: tool calls (MiniMax XML, Hermes JSON) and reasoning
+  in raw text, for servers that leave them there.
 - `ModelProfile`: sampling defaults per model family (MiniMax: 1.0 / 0.95 / top_k 40).
 - `ScriptedModelServer`: an OpenAI-compatible server on loopback for tests and demos.
 
@@ -21,7 +22,14 @@ from agentinfra.agent._loop import (
 from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage, preflight
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
 from agentinfra.agent._scripted import Reply, ScriptedModelServer
-from agentinfra.agent._toolcalls import ParsedReply, ToolCall, parse_minimax_reply, split_reasoning
+from agentinfra.agent._toolcalls import (
+    ParsedReply,
+    ToolCall,
+    looks_like_tool_call,
+    parse_hermes_calls,
+    parse_minimax_reply,
+    split_reasoning,
+)
 from agentinfra.agent._tools import Tool, tool_schemas, workspace_tools
 from agentinfra.errors import ToolError
 
@@ -47,6 +55,8 @@ __all__ = [
     "Transcript",
     "Usage",
     "check_png",
+    "looks_like_tool_call",
+    "parse_hermes_calls",
     "parse_minimax_reply",
     "preflight",
     "profile_for",

@@ -46,7 +46,12 @@ from agentinfra.agent._content import (
 )
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._profiles import profile_for
-from agentinfra.agent._toolcalls import parse_minimax_reply
+from agentinfra.agent._toolcalls import (
+    ToolCall,
+    looks_like_tool_call,
+    parse_hermes_calls,
+    parse_minimax_reply,
+)
 from agentinfra.agent._tools import Tool, tool_schemas
 from agentinfra.errors import AgentError, ConfigError, ToolError
 
@@ -130,6 +135,10 @@ class LoopConfig:
     kv_session: bool = False
     """Send the run's id as a KV session hint with every request (vLLM's ``kv_transfer_params``,
     read by agentinfra's connector: the agent's blocks kept together, released when it is done)."""
+    nudges: int = 0
+    """How many times in all a reply with no tool call is answered with a reminder to use the
+    tools instead of ending the run as ``done`` (``--nudges``). Tool-call text the loop could not
+    read is always answered with an error."""
     keep_images: int | None = None
     """Keep only the last K images in the history; older ones become a one-line placeholder
     before any text is dropped (journalled like every trim). None: images go only when over budget."""
@@ -152,6 +161,8 @@ class LoopConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}={value} must be >= 1 (--{name.replace('_', '-')})")
+        if self.nudges < 0:
+            raise ConfigError(f"nudges={self.nudges} must be >= 0 (--nudges)")
         if self.wall_hours <= 0:
             raise ConfigError(f"wall_hours={self.wall_hours} must be > 0 (--hours)")
         if self.max_cost_usd is not None and (
@@ -251,6 +262,8 @@ class AgentLoop:
             elif event.type == "tool_result":
                 pending.pop(data["call_id"], None)
                 self._append_result(data["call_id"], data["content"])
+            elif event.type == "feedback":
+                self.messages.append({"role": "user", "content": data["text"]})
             elif event.type == "context_trimmed":
                 self._flush_images()
                 self._apply_trim(data)
@@ -298,10 +311,39 @@ class AgentLoop:
             )
             calls = self._record_reply(completion)
             if not calls:
-                return self._stop("done")
+                feedback = self._feedback_for(completion.message.get("content") or "")
+                if feedback is None:
+                    return self._stop("done")
+                self.transcript.append("feedback", {"turn": self.turn, **feedback})
+                self.messages.append({"role": "user", "content": feedback["text"]})
+                continue
             await self._run_calls(calls)
             if self._ended_by_tool():
                 return self._stop("done")
+
+    def _feedback_for(self, content: str) -> dict[str, str] | None:
+        """What the loop tells a model whose reply called no tool; None: the run is done.
+
+        Text that looks like a tool call but could not be read is always answered (the
+        model meant to act); plain prose is answered ``LoopConfig.nudges`` times in all.
+        """
+        names = ", ".join(self.tools)
+        if looks_like_tool_call(content):
+            return {
+                "kind": "unreadable_tool_call",
+                "text": "error: your reply contains tool-call text that could not be read as a call "
+                f"(no complete call of a known tool in it). Call one of the tools ({names}) with "
+                "valid arguments.",
+            }
+        used = sum(1 for e in self.transcript.events if e.type == "feedback" and e.data.get("kind") == "no_tool_call")
+        if used >= self.config.nudges:
+            return None
+        return {
+            "kind": "no_tool_call",
+            "text": f"Your reply called no tool, so nothing was done. Continue the task by calling one of "
+            f"the tools ({names}); reply without a tool call only when you have finished "
+            f"({self.config.nudges - used - 1} more such reminder(s)).",
+        }
 
     def _ended_by_tool(self) -> bool:
         """Whether the last journalled tool result is a successful call of a tool that ends the run."""
@@ -321,12 +363,18 @@ class AgentLoop:
             for i, c in enumerate(message.get("tool_calls", []))
         ]  # fmt: skip
         content = message.get("content") or ""
+        text_calls: tuple[ToolCall, ...] = ()
         if not calls and self.client.profile.xml_tool_calls and "<minimax:tool_call>" in content:
             parameters = {name: t.parameters for name, t in self.tools.items()}
-            parsed = parse_minimax_reply(content, parameters, id_prefix=f"t{self.turn}_call")
+            text_calls = parse_minimax_reply(
+                content, parameters, id_prefix=f"t{self.turn}_call"
+            ).tool_calls
+        elif not calls and "<tool_call>" in content:  # Hermes JSON the server did not parse
+            text_calls = parse_hermes_calls(content, id_prefix=f"t{self.turn}_call")
+        if text_calls:
             calls = [
                 {"call_id": c.call_id, "name": c.name, "arguments": c.arguments, "error": c.error}
-                for c in parsed.tool_calls
+                for c in text_calls
             ]
             message["tool_calls"] = [
                 {
@@ -449,11 +497,11 @@ class AgentLoop:
 
     async def _execute(self, call: dict[str, Any]) -> tuple[str | list[dict[str, Any]], bool]:
         name = call["name"]
+        if call.get("error"):
+            return f"error: {call['error']}", True
         tool = self.tools.get(name)
         if tool is None:
             return f"error: there is no tool {name!r}; available: {', '.join(self.tools)}", True
-        if call.get("error"):
-            return f"error: {call['error']}", True
         try:
             arguments = json.loads(call["arguments"] or "{}")
         except json.JSONDecodeError as exc:

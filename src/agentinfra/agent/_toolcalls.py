@@ -15,7 +15,20 @@ number, boolean, object and array are parsed as JSON). Several invokes in one
 block are parallel calls. Reasoning arrives as ``<think>...</think>``, often
 without the opening tag; it is split off but must be sent back in the history
 unchanged (dropping it degrades M2/M3).
+
+Hermes-style models (Qwen, SmolLM2, NousResearch's Hermes and most small
+open models with a tool template) write one JSON object per call::
+
+    <tool_call>
+    {"name": "write_file", "arguments": {"path": "kernel.py", "content": "..."}}
+    </tool_call>
+
+A server with a parser turns these into ``tool_calls``; when it has none, or
+its parser gave up on a malformed call, the text reaches the loop.
+`parse_hermes_calls` reads what it can and keeps an error for what it cannot,
+so the model is told what was wrong instead of the run ending silently.
 """
+
 
 from __future__ import annotations
 
@@ -25,11 +38,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ParsedReply", "ToolCall", "parse_minimax_reply", "split_reasoning"]
+__all__ = [
+    "ParsedReply",
+    "ToolCall",
+    "looks_like_tool_call",
+    "parse_hermes_calls",
+    "parse_minimax_reply",
+    "split_reasoning",
+]
 
 _BLOCK = re.compile(r"<minimax:tool_call>(.*?)(?:</minimax:tool_call>|\Z)", re.DOTALL)
 _INVOKE = re.compile(r'<invoke\s+name="([^"]*)"\s*>(.*?)(?:</invoke>|\Z)', re.DOTALL)
 _PARAMETER = re.compile(r'<parameter\s+name="([^"]*)"\s*>(.*?)</parameter>', re.DOTALL)
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+_HERMES_NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
+_MARKERS = ("<tool_call>", "<minimax:tool_call>", "<invoke name=", "<function=", "<|tool_call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +142,40 @@ def parse_minimax_reply(
             calls.append(ToolCall(call_id, name, json.dumps(arguments), error))
     content = _BLOCK.sub("", rest).strip()
     return ParsedReply(reasoning, content, tuple(calls))
+
+
+def looks_like_tool_call(text: str) -> bool:
+    """Whether ``text`` carries a tool-call marker of a known format (Hermes, MiniMax, Llama, ...)."""
+    return any(marker in text for marker in _MARKERS)
+
+
+def parse_hermes_calls(text: str, *, id_prefix: str = "call") -> tuple[ToolCall, ...]:
+    """The ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks of ``text``.
+
+    A block that is not a JSON object with a string ``name`` and an object ``arguments``
+    (or one cut off before its closing tag) becomes a call with ``error`` set; its name
+    is read from the text where possible, else ``"?"``.
+    """
+    calls: list[ToolCall] = []
+    for match in _HERMES.finditer(split_reasoning(text)[1]):
+        body = match.group(1).strip()
+        call_id = f"{id_prefix}_{len(calls)}"
+        named = _HERMES_NAME.search(body)
+        name = named.group(1) if named else "?"
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as exc:
+            calls.append(ToolCall(call_id, name, "{}", f"the tool call is not valid JSON ({exc}): {body[:200]!r}"))
+            continue
+        arguments = data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
+        if isinstance(arguments, str):  # some models send the arguments as a JSON string
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(arguments, dict):
+            calls.append(ToolCall(call_id, name, "{}", 'a tool call must be {"name": "<tool>", "arguments": {...}}, '
+                                  f"got {body[:200]!r}"))  # fmt: skip
+            continue
+        calls.append(ToolCall(call_id, data["name"], json.dumps(arguments)))
+    return tuple(calls)

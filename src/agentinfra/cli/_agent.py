@@ -120,6 +120,13 @@ def run_command(
         int, typer.Option("--context-tokens", help="The model's context length.")
     ] = 196_608,
     max_output_tokens: Annotated[int | None, typer.Option("--max-output-tokens")] = None,
+    nudges: Annotated[
+        int,
+        typer.Option(
+            "--nudges",
+            help="Replies with no tool call answered with a reminder (in all) before one ends the run.",
+        ),
+    ] = 0,
     rpm: Annotated[
         float | None,
         typer.Option("--rpm", help="Requests per minute to the endpoint, all runs together."),
@@ -186,7 +193,7 @@ def run_command(
         max_output_tokens=max_output_tokens, price_in_per_mtok=price_in if price_in is not None else file_in,
         price_out_per_mtok=price_out if price_out is not None else file_out,
         request_timeout_s=settings.agent.request_timeout_s, keep_images=keep_screenshots,
-        kv_session=kv_hints is not None,
+        kv_session=kv_hints is not None, nudges=nudges,
     )  # fmt: skip
     kv_server = _kv_address(kv_hints) if kv_hints is not None else None
     api_key = api_key_from_env(api_key_env)

@@ -7,7 +7,13 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentinfra.agent import parse_minimax_reply, profile_for, split_reasoning
+from agentinfra.agent import (
+    looks_like_tool_call,
+    parse_hermes_calls,
+    parse_minimax_reply,
+    profile_for,
+    split_reasoning,
+)
 
 TOOLS = {
     "write_file": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}},
@@ -67,6 +73,33 @@ def test_plain_text_is_untouched() -> None:
 @given(st.text(max_size=300))
 def test_parser_never_raises(text: str) -> None:
     parse_minimax_reply(text, TOOLS)
+    parse_hermes_calls(text)
+
+
+def test_hermes_calls_read_what_they_can_and_name_what_they_cannot() -> None:
+    text = (
+        "<think>plan</think>Writing.\n"
+        '<tool_call>\n{"name": "write_file", "arguments": {"path": "k.py", "content": "x = 1"}}\n</tool_call>\n'
+        '<tool_call>{"name": "check", "arguments": "{\\"path\\": \\"k.py\\"}"}</tool_call>\n'
+        '<tool_call>{"name": "read_file", "arguments": {"path": </tool_call>\n'
+        '<tool_call>["write_file"]</tool_call>\n'
+        '<tool_call>{"name": "submit", "argu'
+    )
+    calls = parse_hermes_calls(text, id_prefix="t1")
+    assert [(c.call_id, c.name, c.error is None) for c in calls] == [
+        ("t1_0", "write_file", True),
+        ("t1_1", "check", True),
+        ("t1_2", "read_file", False),
+        ("t1_3", "?", False),
+        ("t1_4", "submit", False),
+    ]
+    assert json.loads(calls[0].arguments) == {"path": "k.py", "content": "x = 1"}
+    assert json.loads(calls[1].arguments) == {"path": "k.py"}  # arguments sent as a JSON string
+    assert "not valid JSON" in (calls[2].error or "")
+    assert '{"name": "<tool>", "arguments": {...}}' in (calls[3].error or "")
+    assert parse_hermes_calls("<think><tool_call>{}</tool_call></think>no calls") == ()
+    assert looks_like_tool_call('<function=check>{"path": "k.py"}</function>')
+    assert not looks_like_tool_call("I would call a tool here.")
 
 
 def test_profiles() -> None:
