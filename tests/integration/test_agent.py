@@ -274,14 +274,20 @@ def test_text_tool_calls_and_prose_get_answers_not_a_silent_end(tmp_path: Path) 
     good = '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.txt", "content": "hi"}}\n</tool_call>'
     script = [
         Reply(content="Let me write it.\n" + good),
-        Reply(content='<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"</tool_call>'),
+        Reply(
+            content='<tool_call>\n{"name": "read_file", "arguments": {"path": "a.txt"</tool_call>'
+        ),
         Reply(content='<tool_call>\n{"name": "read_fi'),  # cut off mid-call (finish_reason length)
         Reply(content="I think the file is fine."),  # prose: one reminder (nudges=1)
-        Reply(content="<minimax:tool_call>"),  # a marker with no call in it: an error, not a reminder
+        Reply(
+            content="<minimax:tool_call>"
+        ),  # a marker with no call in it: an error, not a reminder
         Reply(content="All done."),  # prose again: reminders used up, the run is done
     ]
     with ScriptedModelServer(script, models=["HuggingFaceTB/SmolLM2-135M-Instruct"]) as server:
-        loop = _loop(tmp_path, server, stream=False, nudges=1, model="HuggingFaceTB/SmolLM2-135M-Instruct")
+        loop = _loop(
+            tmp_path, server, stream=False, nudges=1, model="HuggingFaceTB/SmolLM2-135M-Instruct"
+        )
         outcome = _run(loop)
         sent = server.requests[-1]["messages"]
     assert outcome.stop_reason == "done"
@@ -293,10 +299,14 @@ def test_text_tool_calls_and_prose_get_answers_not_a_silent_end(tmp_path: Path) 
     assert "read_fi" in results[2]["content"]
     feedback = [e.data["kind"] for e in loop.transcript.events if e.type == "feedback"]
     assert feedback == ["no_tool_call", "unreadable_tool_call"]
-    assert [m["content"] for m in sent if m["role"] == "user"][-2].startswith("Your reply called no tool")
+    assert [m["content"] for m in sent if m["role"] == "user"][-2].startswith(
+        "Your reply called no tool"
+    )
     assert sent[-1]["content"].startswith("error: your reply contains tool-call text")
     # a resumed loop rebuilds the same history, reminders included
-    again = _loop(tmp_path, server, stream=False, nudges=1, model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    again = _loop(
+        tmp_path, server, stream=False, nudges=1, model="HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     again.transcript = Transcript.open(loop.transcript.path)
     again._replay()
     again.transcript.close()

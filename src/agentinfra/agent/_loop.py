@@ -335,7 +335,11 @@ class AgentLoop:
                 f"(no complete call of a known tool in it). Call one of the tools ({names}) with "
                 "valid arguments.",
             }
-        used = sum(1 for e in self.transcript.events if e.type == "feedback" and e.data.get("kind") == "no_tool_call")
+        used = sum(
+            1
+            for e in self.transcript.events
+            if e.type == "feedback" and e.data.get("kind") == "no_tool_call"
+        )
         if used >= self.config.nudges:
             return None
         return {

@@ -29,9 +29,9 @@ its parser gave up on a malformed call, the text reaches the loop.
 so the model is told what was wrong instead of the run ending silently.
 """
 
-
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -165,15 +165,23 @@ def parse_hermes_calls(text: str, *, id_prefix: str = "call") -> tuple[ToolCall,
         try:
             data = json.loads(body)
         except json.JSONDecodeError as exc:
-            calls.append(ToolCall(call_id, name, "{}", f"the tool call is not valid JSON ({exc}): {body[:200]!r}"))
+            calls.append(
+                ToolCall(
+                    call_id, name, "{}", f"the tool call is not valid JSON ({exc}): {body[:200]!r}"
+                )
+            )
             continue
-        arguments = data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
+        arguments = (
+            data.get("arguments", data.get("parameters", {})) if isinstance(data, dict) else None
+        )
         if isinstance(arguments, str):  # some models send the arguments as a JSON string
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(arguments, dict):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("name"), str)
+            or not isinstance(arguments, dict)
+        ):
             calls.append(ToolCall(call_id, name, "{}", 'a tool call must be {"name": "<tool>", "arguments": {...}}, '
                                   f"got {body[:200]!r}"))  # fmt: skip
             continue
