@@ -200,6 +200,8 @@ EXPECTED: dict[str, list[str]] = {
         "Transcript",
         "Usage",
         "check_png",
+        "looks_like_tool_call",
+        "parse_hermes_calls",
         "parse_minimax_reply",
         "preflight",
         "profile_for",
