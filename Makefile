@@ -11,7 +11,7 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
-	system-deps-desktop desktop-venv vllm-venv smollm2
+	system-deps-desktop desktop-venv vllm-venv smollm2 demo-vllm
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -70,7 +70,7 @@ system-deps-demo:
 system-deps-desktop:
 	@scripts/system-deps.sh desktop
 
-demo: system-deps-demo $(VENV)/.installed $(VENV)/desktop/.installed
+demo: system-deps-demo $(VENV)/.installed $(VENV)/desktop/.installed smollm2
 	$(BIN)/agentinfra info
 	@echo "== grading an honest kernel on an inefficient reference (measured 12-20x on a 2-core machine)"
 	$(BIN)/agentinfra grade examples/kernels/problems/11_slow_cumsum.py examples/kernels/submissions/11_fast_cumsum.py
@@ -90,6 +90,13 @@ demo: system-deps-demo $(VENV)/.installed $(VENV)/desktop/.installed
 	@echo "== a desktop agent: a scripted computer-use model drives LibreOffice Calc in a jailed Xvfb desktop, graded in isolation"
 	rm -rf runs/demo-desktop
 	$(BIN)/python examples/desktop/scripted_agent.py runs/demo-desktop
+	@echo "== a real model answers: SmolLM2-135M-Instruct served by vLLM on the CPU with the KV store underneath; the second turn's prefix comes from the store"
+	$(BIN)/python examples/kvcache/real_model_chat.py
+
+# The real-model part alone, plus two vLLM engines comparing recomputed and loaded KV token by token.
+demo-vllm: $(VENV)/.installed smollm2
+	$(BIN)/python examples/kvcache/real_model_chat.py
+	$(BIN)/agentinfra kv demo --engine vllm --tokens 2048
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentinfra.cli._kv_server import run_probe, vllm_python
+from agentinfra.cli._kv_server import run_probe
 from agentinfra.kvcache import (
     BlockKey,
     CacheClient,
@@ -40,6 +40,7 @@ from agentinfra.kvcache import (
     ServerThread,
     TieredStore,
     random_checkpoint,
+    vllm_python,
 )
 
 _LOADED = re.compile(

@@ -1,7 +1,8 @@
 """The agent loop end to end: the official openai client against a scripted server on loopback.
 
 No network and no real model: `ScriptedModelServer` speaks real HTTP and SSE. Submissions
-are graded by the real grader. A live-model smoke test runs only when LIVE_MODEL_URL is set.
+are graded by the real grader. A live-model smoke test runs against LIVE_MODEL_URL when set, else against the real
+SmolLM2-135M-Instruct served by vLLM here (`make smollm2`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -444,23 +446,48 @@ def test_many_runs_share_one_loop(tmp_path: Path) -> None:
     assert all(s.turn == 1 for s in states)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("LIVE_MODEL_URL"),
-    reason="set LIVE_MODEL_URL, LIVE_MODEL_NAME and LIVE_MODEL_KEY_ENV",
-)
-def test_live_model_smoke(tmp_path: Path) -> None:
-    """Opt-in: a real endpoint answers one turn through the same loop."""
-    url, model = os.environ["LIVE_MODEL_URL"], os.environ["LIVE_MODEL_NAME"]
-    key_env = os.environ.get("LIVE_MODEL_KEY_ENV", "OPENAI_API_KEY")
-    cfg = LoopConfig(model=model, base_url=url, api_key_env=key_env, max_turns=2)
+@pytest.fixture
+def live_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, str, str]]:
+    """``(url, model, key_env)``: LIVE_MODEL_URL/LIVE_MODEL_NAME/LIVE_MODEL_KEY_ENV when set, else the real
+    SmolLM2-135M-Instruct served here by vLLM (`make smollm2`; that is what CI runs against)."""
+    if os.environ.get("LIVE_MODEL_URL"):
+        yield (os.environ["LIVE_MODEL_URL"], os.environ["LIVE_MODEL_NAME"],
+               os.environ.get("LIVE_MODEL_KEY_ENV", "OPENAI_API_KEY"))  # fmt: skip
+        return
+    from agentinfra.kvcache import SMOLLM2_NAME, VllmServer, smollm2_dir
+
+    model = smollm2_dir(check=False)
+    if not model.is_dir():
+        pytest.skip(
+            f"set LIVE_MODEL_URL, LIVE_MODEL_NAME and LIVE_MODEL_KEY_ENV, or run `make smollm2` ({model})"
+        )
+    monkeypatch.setenv("AGENTINFRA_LOCAL_MODEL_KEY", "unused")
+    with VllmServer(model, log=tmp_path / "vllm.log", served_name=SMOLLM2_NAME) as server:
+        yield server.base_url, SMOLLM2_NAME, "AGENTINFRA_LOCAL_MODEL_KEY"
+
+
+@pytest.mark.slow
+def test_live_model_smoke(tmp_path: Path, live_endpoint: tuple[str, str, str]) -> None:
+    """A real endpoint answers through the same loop (LIVE_MODEL_URL, else SmolLM2 in vLLM)."""
+    url, model, key_env = live_endpoint
+    cfg = LoopConfig(
+        model=model, base_url=url, api_key_env=key_env, max_turns=2, max_output_tokens=64
+    )
     client = ModelClient(base_url=url, model=model, api_key=os.environ[key_env], api_key_env=key_env,
                          profile=profile_for(model))  # fmt: skip
+    asyncio.run(
+        preflight(base_url=url, model=model, api_key=os.environ[key_env], api_key_env=key_env)
+    )
     loop = AgentLoop(config=cfg, client=client, tools=workspace_tools(tmp_path / "ws"), system_prompt="Be brief.",
                      task_prompt="Write hello.txt containing 'hi', then stop.",
                      transcript=Transcript.open(tmp_path / "t.jsonl"))  # fmt: skip
     outcome = _run(loop)
     assert outcome.turns >= 1
     assert outcome.usage.total > 0
+    replies = [e.data for e in loop.transcript.events if e.type == "model_response"]
+    assert all(r["usage"]["completion_tokens"] > 0 for r in replies)
 
 
 class Crash(BaseException):

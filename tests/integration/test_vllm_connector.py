@@ -32,6 +32,7 @@ from agentinfra.kvcache import (
     ServerConfig,
     ServerThread,
     TieredStore,
+    VllmServer,
     encode_block,
     parse_block,
 )
@@ -293,63 +294,13 @@ def chat_checkpoint(model: Path, target: Path) -> Path:
     return target
 
 
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return int(probe_socket.getsockname()[1])
+CHAT_NAME = "tiny-minimax-m2"
 
 
-class ApiServer:
-    """``python -m vllm.entrypoints.openai.api_server`` with MiniMax's parsers and the connector."""
-
-    NAME = "tiny-minimax-m2"
-
-    def __init__(self, model: Path, kv_port: int, log: Path) -> None:
-        self.port = free_port()
-        transfer = {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.kvcache.vllm",
-                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                    "kv_connector_extra_config": {"url": f"127.0.0.1:{kv_port}"}}  # fmt: skip
-        args = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                "--served-model-name", self.NAME, "--host", "127.0.0.1", "--port", str(self.port),
-                "--dtype", "float32", "--max-model-len", "16384", "--block-size", "32", "--enforce-eager",
-                "--max-num-batched-tokens", "4096", "--reasoning-parser", "minimax_m2",
-                "--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice",
-                "--kv-transfer-config", json.dumps(transfer)]  # fmt: skip
-        self.log = log.open("ab")
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        import time
-        import urllib.request
-
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, log.read_text()[-4000:]
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except OSError:
-                time.sleep(1)
-        raise AssertionError(
-            f"vLLM's server did not answer within 300 s:\n{log.read_text()[-4000:]}"
-        )
-
-    def metric(self, name: str) -> float:
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#"))  # fmt: skip
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
+def api_server(model: Path, kv_port: int, log: Path) -> VllmServer:
+    """vLLM's OpenAI-compatible server with MiniMax's parsers and the connector."""
+    return VllmServer(model, log=log, kv_url=f"127.0.0.1:{kv_port}", served_name=CHAT_NAME,
+                      tools="minimax_m2", max_model_len=16384)  # fmt: skip
 
 
 def agent_run(base_url: str, runs: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -357,7 +308,7 @@ def agent_run(base_url: str, runs: Path, *flags: str) -> subprocess.CompletedPro
 
     problem = next((ROOT / "examples" / "kernels" / "problems").glob("01_*.py"))
     return subprocess.run(
-        [sys.executable, "-m", "agentinfra", "run", "--tasks", str(problem), "--model", ApiServer.NAME,
+        [sys.executable, "-m", "agentinfra", "run", "--tasks", str(problem), "--model", CHAT_NAME,
          "--base-url", base_url, "--runs-dir", str(runs), "--max-turns", "2", "--max-output-tokens", "24",
          "--context-tokens", "16384", *flags],
         capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "OPENAI_API_KEY": "unused"},
@@ -370,7 +321,7 @@ def test_agent_loop_against_vllm_api_server(
 ) -> None:
     model = chat_checkpoint(checkpoint, tmp_path / "chat-model")
     log = tmp_path / "vllm-server.log"
-    api = ApiServer(model, server.port, log)
+    api = api_server(model, server.port, log)
     try:
         # the streamed run is a KV session (--kv-hints): closed when it stops, its own blocks leave memory
         hints = ["--kv-hints", f"127.0.0.1:{server.port}"]
@@ -403,9 +354,9 @@ def test_agent_loop_against_vllm_api_server(
         )  # fmt: skip
         assert exported.returncode == 0, exported.stderr
         record = json.loads((tmp_path / f"x{flag}.jsonl").read_text())
-        assert record["model"] == ApiServer.NAME
+        assert record["model"] == CHAT_NAME
     # a restarted server (empty local cache) finds the agent's earlier turns in the store
-    again = ApiServer(model, server.port, log)
+    again = api_server(model, server.port, log)
     try:
         done = agent_run(again.base_url, tmp_path / "runs-again", "--no-stream")
         assert done.returncode == 0, done.stderr[-3000:]
@@ -415,18 +366,22 @@ def test_agent_loop_against_vllm_api_server(
     assert hits > 0, (first_hits, hits)
 
 
+@pytest.mark.skipif(
+    not (ROOT / ".venv/vllm/models/smollm2-135m-instruct").is_dir(), reason="run `make smollm2`"
+)
 def test_kv_demo_with_vllm_prints_its_figures() -> None:
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "agentinfra", "kv", "demo", "--engine", "vllm", "--tokens", "300", "--layers", "2",
-         "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+        [sys.executable, "-m", "agentinfra", "kv", "demo", "--engine", "vllm", "--tokens", "300", "--json"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result) == {"engine", "model", "tokens", "cached_tokens", "ttft_cold_s", "ttft_cached_s", "ratio",
                            "outputs_equal", "max_logprob_diff"}  # fmt: skip
     assert result["engine"] == "vllm"
+    assert result["model"] == "SmolLM2-135M-Instruct"  # the real model by default (`make smollm2`)
     assert result["cached_tokens"] == 288
     assert result["outputs_equal"] is True
     assert result["max_logprob_diff"] <= LOGPROB_TOLERANCE

@@ -108,6 +108,9 @@ PROFILES: dict[str, ModelProfile] = {
         xml_tool_calls=True,
     ),
     "qwen": ModelProfile(name="qwen"),
+    # SmolLM2-Instruct's model card samples with temperature 0.2, top_p 0.9; at vLLM's default
+    # of 1.0 the 135M model loses the thread of a long tool prompt within a sentence.
+    "smollm": ModelProfile(name="smollm", temperature=0.2, top_p=0.9),
     "claude": ModelProfile(name="claude"),
     "default": ModelProfile(name="default"),
 }
@@ -115,12 +118,14 @@ PROFILES: dict[str, ModelProfile] = {
 
 def profile_for(model: str) -> ModelProfile:
     """The profile of a model name: ``MiniMaxAI/MiniMax-M3`` -> ``minimax``, ``Qwen/...`` -> ``qwen``,
-    ``claude-...`` -> ``claude``; unknown -> ``default``."""
+    ``claude-...`` -> ``claude``, ``...SmolLM2...`` -> ``smollm``; unknown -> ``default``."""
     lowered = model.lower()
     if "minimax" in lowered:
         return PROFILES["minimax"]
     if "qwen" in lowered:
         return PROFILES["qwen"]
+    if "smollm" in lowered:
+        return PROFILES["smollm"]
     if "claude" in lowered:
         return PROFILES["claude"]
     return PROFILES["default"]

@@ -27,6 +27,7 @@ from agentinfra.kvcache import (
     TieredStore,
     block_keys,
     load_token_file,
+    vllm_python,
 )
 
 __all__ = ["register"]
@@ -238,13 +239,26 @@ def demo_command(
         str, typer.Option(help="transformers (in process) or vllm (two vLLM engine processes).")
     ] = "transformers",
     as_json: Annotated[bool, typer.Option("--json", help="vllm: print one JSON object.")] = False,
+    model_choice: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="vllm: smollm2 (the real SmolLM2-135M-Instruct of `make smollm2`, the default), random "
+            "(a random Llama of --layers) or a checkpoint directory. transformers: random only.",
+        ),
+    ] = None,
 ) -> None:
-    """Prefill a random-weight ~0.5B Llama twice: recomputed, then with the prefix from the cache."""
+    """Prefill a model twice: recomputed, then with the prefix from the cache (random ~0.5B Llama or, with
+    vLLM, the real SmolLM2-135M-Instruct)."""
     if engine == "vllm":
-        _vllm_demo(tokens, layers, as_json)
+        _vllm_demo(tokens, layers, as_json, model_choice or "smollm2")
         return
     if engine != "transformers":
         raise ConfigError(f"--engine {engine!r} must be 'transformers' or 'vllm'")
+    if model_choice not in (None, "random"):
+        raise ConfigError(
+            f"--model {model_choice!r}: the transformers demo builds a random Llama; use --engine vllm"
+        )
     import torch
 
     from agentinfra.kvcache import PrefixCachedModel, tiny_llama
@@ -297,25 +311,6 @@ def demo_command(
     )
 
 
-def vllm_python() -> Path:
-    """vLLM's interpreter: ``AGENTINFRA_VLLM_PYTHON``, else the ``vllm`` venv inside this one (`make vllm-venv`).
-
-    Raises:
-        ConfigError: there is none.
-    """
-    import os
-    import sys
-
-    path = Path(
-        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
-    )
-    if not path.exists():
-        raise ConfigError(
-            f"no vLLM interpreter at {path}: run `make vllm-venv`, or set AGENTINFRA_VLLM_PYTHON"
-        )
-    return path
-
-
 def run_probe(
     python: Path, model: Path, port: int, tokens: int, *extra: str
 ) -> tuple[dict[str, object], str]:
@@ -342,28 +337,44 @@ def run_probe(
     return result, done.stdout + done.stderr
 
 
-def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
-    """Two vLLM engine processes on a random checkpoint, the second loading the prefix from `kv serve`."""
+def _vllm_demo(tokens: int, layers: int, as_json: bool, which: str) -> None:
+    """Two vLLM engine processes, the second loading the prefix from `kv serve`."""
     import json
 
-    from agentinfra.kvcache import random_checkpoint
+    from agentinfra.kvcache import random_checkpoint, smollm2_dir
 
     python = vllm_python()
     with tempfile.TemporaryDirectory(prefix="agentinfra-vllm-demo-") as tmp:
-        if not as_json:
-            console.print(f"saving a random Llama checkpoint ({layers} layers, hidden 896) ...")
-        model = random_checkpoint(Path(tmp) / "model", layers=layers, vocab=32000)
+        if which == "smollm2":
+            model, name, vocab = smollm2_dir(), "SmolLM2-135M-Instruct", 49152
+        elif which == "random":
+            if not as_json:
+                console.print(f"saving a random Llama checkpoint ({layers} layers, hidden 896) ...")
+            model = random_checkpoint(Path(tmp) / "model", layers=layers, vocab=32000)
+            name, vocab = f"random-llama-{layers}l", 32000
+        else:
+            model = Path(which)
+            if not (model / "config.json").is_file():
+                raise ConfigError(
+                    f"--model {which!r} is not smollm2, random or a checkpoint directory"
+                )
+            name = model.name
+            vocab = int(json.loads((model / "config.json").read_text()).get("vocab_size", 32000))
         store = TieredStore(MemoryTier(8 << 30))
         server = ServerThread(store)
         try:
             if not as_json:
                 console.print(
-                    f"engine 1 computes {tokens} tokens and saves its blocks to the kv server ..."
+                    f"engine 1 ({name}) computes {tokens} tokens and saves its blocks to the kv server ..."
                 )
-            cold, _ = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+            cold, _ = run_probe(
+                python, model, server.port, tokens, "--vocab", str(vocab), "--max-new", "16"
+            )
             if not as_json:
                 console.print("engine 2 (a fresh process) loads the prefix from the kv server ...")
-            warm, _ = run_probe(python, model, server.port, tokens, "--vocab", "32000")
+            warm, _ = run_probe(
+                python, model, server.port, tokens, "--vocab", str(vocab), "--max-new", "16"
+            )
         finally:
             server.close()
             store.close()
@@ -372,7 +383,7 @@ def _vllm_demo(tokens: int, layers: int, as_json: bool) -> None:
     diffs = [abs(a - b) for a, b in zip(cold_lp, warm_lp, strict=False)]
     ttft_cold, ttft_cached = float(cold["ttft_s"]), float(warm["ttft_s"])  # type: ignore[arg-type]
     result = {
-        "engine": "vllm", "model": f"random-llama-{layers}l", "tokens": tokens,
+        "engine": "vllm", "model": name, "tokens": tokens,
         "cached_tokens": warm["cached_tokens"], "ttft_cold_s": round(ttft_cold, 4),
         "ttft_cached_s": round(ttft_cached, 4), "ratio": round(ttft_cached / ttft_cold, 4),
         "outputs_equal": cold["tokens"] == warm["tokens"], "max_logprob_diff": max(diffs, default=0.0),

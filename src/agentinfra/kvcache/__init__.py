@@ -62,6 +62,13 @@ from agentinfra.kvcache._store import (
 )
 from agentinfra.kvcache._tier import PutResult, Tier, TierStats
 from agentinfra.kvcache._tracegen import AgentTraceConfig, generate_agent_trace, write_trace
+from agentinfra.kvcache._vllm_serve import (
+    SMOLLM2_NAME,
+    VllmServer,
+    hermes_chat_template,
+    smollm2_dir,
+    vllm_python,
+)
 
 DEFAULT_POLICY = "prefix-lru"
 """The best shipped policy by the replay benchmark (benchmarks/kvcache/RESULTS.md)."""
@@ -102,6 +109,7 @@ __all__ = [
     "PutResult",
     "RedisTier",
     "ReplayResult",
+    "SMOLLM2_NAME",
     "ServerConfig",
     "ServerThread",
     "Session",
@@ -112,19 +120,23 @@ __all__ = [
     "TierStats",
     "TieredStore",
     "TraceRequest",
+    "VllmServer",
     "belady_hit_rate",
     "block_keys",
     "capacity_for_fraction",
     "encode_block",
     "generate_agent_trace",
+    "hermes_chat_template",
     "load_token_file",
     "make_policy",
     "parse_block",
     "random_checkpoint",
     "read_trace",
     "replay",
+    "smollm2_dir",
     "tenant_key",
     "tiny_llama",
     "unique_blocks",
+    "vllm_python",
     "write_trace",
 ]
