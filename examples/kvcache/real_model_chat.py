@@ -71,6 +71,7 @@ def turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+    parser.add_argument("--log", type=Path, default=None, help="Keep vLLM's log here.")
     args = parser.parse_args()
     model = smollm2_dir()
     store = TieredStore(MemoryTier(1 << 30))
@@ -80,7 +81,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="agentinfra-chat-") as tmp:
             say(f"starting vLLM with {SMOLLM2_NAME} and the kv store on 127.0.0.1:{kv.port} ...")
             started = time.monotonic()
-            with VllmServer(model, log=Path(tmp) / "vllm.log", kv_url=f"127.0.0.1:{kv.port}",
+            with VllmServer(model, log=args.log or Path(tmp) / "vllm.log", kv_url=f"127.0.0.1:{kv.port}",
                             served_name=SMOLLM2_NAME, tools=None, prefix_caching=False,
                             extra_args=("--enable-prompt-tokens-details",)) as server:  # fmt: skip
                 say(f"vLLM answered after {time.monotonic() - started:.0f} s")

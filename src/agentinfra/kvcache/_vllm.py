@@ -28,6 +28,12 @@ Design (decision 0010):
   out of the paged cache, then one PUT goes out on the background thread, so the
   step never waits on the network and freed blocks are never read later. A
   backlog beyond ``max_pending_mib`` drops saves (counted): a cache, not a log.
+- **A follow-up sees the previous turn's blocks**: a finished request that saved
+  anything is held (``request_finished`` returns True) until the worker reports
+  its PUTs answered (``get_finished``); meanwhile a lookup that wants any of its
+  blocks is answered "ask again" (bounded by the lookup timeout, counted as
+  ``save_waits``). Without this, a turn sent the moment the previous one ended
+  looked its prefix up before those blocks reached the server, and missed them.
 - **Chunked prefill and preemption**: saves follow what each step computed
   (``num_computed_tokens + num_scheduled_tokens``), block ids follow
   ``new_block_ids`` (replaced on resume from preemption), and a preempted
@@ -156,6 +162,9 @@ class ConnectorCounters:
     saved_blocks: int = 0
     dropped_saves: int = 0
     network_errors: int = 0
+    save_waits: int = 0
+    """Lookups held back (answered "ask again") until an earlier request's saves of the same
+    blocks had reached the server."""
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -315,6 +324,9 @@ class _Request:
     session: str | None = None
     parent: str | None = None
     done: bool = False
+    saved: set[bytes] = field(default_factory=set)
+    """Keys of the blocks planned for saving (the worker sends them in the background)."""
+    save_wait_started: float | None = None
 
 
 class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -360,12 +372,18 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.remote = _Remote(self.settings, self.counters)
         # scheduler side
         self._requests: dict[str, _Request] = {}
+        self._in_flight: dict[str, set[bytes]] = {}
+        """Finished requests whose saves the worker has not yet confirmed (blocks held by vLLM)."""
         # worker side
         self._layers: list[torch.Tensor] = []
         self._block_dim = 0
         self._load_errors: set[int] = set()
         self._pending_bytes = 0
         self._pending_lock = threading.Lock()
+        self._puts_of: dict[str, int] = {}
+        """Request id -> its PUTs not yet answered by the server."""
+        self._finished_unsent: set[str] = set()
+        self._sent: set[str] = set()
         log.info("AgentinfraConnector %s: %s:%d, namespace %s", role.name, self.settings.host,
                  self.settings.port, self.namespace)  # fmt: skip
 
@@ -414,6 +432,11 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if state.hits is None:
             if state.lookup is None:
                 keys = self._keys(state, usable)
+                if self._wait_for_saves(state, keys):
+                    return (
+                        None,
+                        False,
+                    )  # ask again once the earlier request's blocks are on the server
                 self.counters.lookups += 1
                 if (
                     state.session is not None
@@ -437,6 +460,28 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self.counters.hit_blocks += state.hits
         found = min(state.hits, usable) - have
         return (found * self.block_size if found > 0 else 0), False
+
+    def _wait_for_saves(self, state: _Request, keys: list[BlockKey]) -> bool:
+        """Whether this lookup waits: blocks of its prefix are still being sent by a finished request.
+
+        Without this, a follow-up turn sent the moment the previous one finished looks its
+        prefix up before the previous turn's blocks reach the server and misses them all.
+        Bounded by the lookup timeout.
+        """
+        if not self._in_flight:
+            return False
+        wanted = {bytes(key) for key in keys}
+        if all(saved.isdisjoint(wanted) for saved in self._in_flight.values()):
+            return False
+        now = time.monotonic()
+        if state.save_wait_started is None:
+            state.save_wait_started = now
+            self.counters.save_waits += 1
+        return now - state.save_wait_started < self.settings.lookup_timeout_s
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        for req_id in getattr(connector_output, "finished_sending", None) or ():
+            self._in_flight.pop(req_id, None)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -504,9 +549,9 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             return
         keys = self._keys(state, full)
         new_keys = keys[state.next_save : full]
-        meta.saves.append(
-            (req_id, [bytes(k) for k in new_keys], state.block_ids[state.next_save : full])
-        )
+        raw = [bytes(k) for k in new_keys]
+        meta.saves.append((req_id, raw, state.block_ids[state.next_save : full]))
+        state.saved.update(raw)
         state.next_save = full
         if state.session is not None:
             self._hint(state.session, "add", new_keys)
@@ -515,12 +560,19 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
         state = self._requests.pop(request.request_id, None)
-        if state is not None and state.session is not None:
+        if state is None:
+            return False, None
+        if state.session is not None:
             if state.done:
                 self._hint(state.session, "close")
             else:
                 self._hint(state.session, "end", ttl_s=self.settings.tool_wait_ttl_s)
-        return False, None
+        if not state.saved:
+            return False, None
+        # The worker confirms (get_finished) once this request's PUTs are answered; until then
+        # lookups of the same blocks wait, and vLLM holds the request's blocks (already copied out).
+        self._in_flight[request.request_id] = state.saved
+        return True, None
 
     def _hint(
         self, session: str, action: str, keys: list[BlockKey] | None = None, **options: Any
@@ -640,6 +692,12 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert isinstance(meta, AgentinfraConnectorMetadata)
         items: list[tuple[BlockKey, bytes]] = []
         shape = self._native_shape()
+        requests = {req_id for req_id, raw_keys, _ in meta.saves if raw_keys}
+        with self._pending_lock:
+            for (
+                req_id
+            ) in requests:  # every request that had a save is confirmed once, at its finish
+                self._puts_of.setdefault(req_id, 0)
         for _req_id, raw_keys, block_ids in meta.saves:
             for raw, block_id in zip(raw_keys, block_ids, strict=True):
                 data = torch.stack([self._block(layer, block_id) for layer in self._layers])
@@ -655,16 +713,38 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 self.counters.dropped_saves += len(items)
                 return
             self._pending_bytes += size
+            for req_id in requests:
+                self._puts_of[req_id] += 1
 
         def sent(future: Future[int]) -> None:
             with self._pending_lock:
                 self._pending_bytes -= size
+                for req_id in requests:
+                    self._puts_of[req_id] -= 1
+                    if self._puts_of[req_id] == 0 and req_id in self._finished_unsent:
+                        self._finished_unsent.discard(req_id)
+                        del self._puts_of[req_id]
+                        self._sent.add(req_id)
             if future.exception() is None:
                 self.counters.saved_blocks += len(items)
             else:
                 self.counters.dropped_saves += len(items)
 
         self.remote.call(lambda client: client.put_encoded(items)).add_done_callback(sent)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Requests that finished and whose saves have all been answered (the scheduler delayed them)."""
+        with self._pending_lock:
+            for req_id in finished_req_ids:
+                if req_id not in self._puts_of:
+                    continue  # never saved anything: the scheduler freed it at once
+                if self._puts_of[req_id] == 0:
+                    del self._puts_of[req_id]
+                    self._sent.add(req_id)
+                else:
+                    self._finished_unsent.add(req_id)
+            done, self._sent = self._sent, set()
+        return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
