@@ -57,6 +57,28 @@ Covered:
   - ``timing_disagreement`` (CUDA events against the host clock) only warns.
 - Nothing in the verdict comes from the candidate's stdout or its account of itself.
 
+Problems, not candidates, are blamed for what is the problem's (KernelBench's own
+problems load unchanged, and some are random or too large for the machine):
+- A reference that disagrees with itself: the first correctness inputs are run
+  through the reference twice. If the two outputs differ beyond the tolerance
+  (``nn.Dropout`` in training mode, the default), both models are switched to
+  eval mode and the check repeated; when it then agrees, grading goes on in eval
+  mode with a ``nondeterministic_reference`` warning naming the random modules.
+  When it still disagrees (random ops inside ``forward``) the outcome is
+  ``grader_error`` with a ``problem`` finding: output comparison cannot grade it.
+  The candidate is never ``failed`` for the reference's randomness.
+- A problem too large: before the model is built, the reference worker sizes
+  parameters, one input set and the output on torch's meta device (nothing is
+  allocated). Over the candidate's memory limit, over the wire's 4 GiB reply
+  frame (outputs are compared whole, here), or over three times the machine's
+  available memory (reference, candidate and these copies): ``grader_error`` in
+  seconds with a ``problem`` finding naming the sizes, the limit and the knob.
+- A slow problem: when one reference call takes over 0.1 s the timing plan
+  shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 5
+  pairs, one warm-up), and from the fifth pair on it stops once the speedup's
+  95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
+  how many calls were timed per side.
+
 Not covered:
 - What the allowlist itself holds is readable: the interpreter and those
   packages (public code), the system libraries, and machine-wide facts in its
@@ -119,7 +141,19 @@ _MAX_FINDINGS_PER_CHECK = 3
 _MIN_CORE_WALL_S = 0.1
 """Below this much timed candidate work the core count is not judged (a warning at most)."""
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+_SLOW_CALL_S = 0.1
+"""A reference call slower than this makes the timing plan adapt (module docstring)."""
+_SLOW_TIMED_S = 15.0
+"""Timed reference work a slow problem's plan aims at, in seconds."""
+_MIN_PAIRS = 5
+_CI_STOP = 0.05
+"""A slow problem's timing stops once the speedup's 95% interval is within this fraction of its median."""
+_MAX_REPLY_BYTES = 4 << 30
+"""The largest frame the supervisor reads from a worker (`_sandbox`)."""
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
+_EVAL_MODE: dict[tuple[str, str], str] = {}
+"""(problem sha256, device) -> the random modules' names, for problems graded in eval mode: the
+reference's self-check is run once per problem per process (the reference is trusted)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,6 +284,7 @@ class _Grading:
         self._idle_windows: list[tuple[float, float, bool]] = []
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
         self.utilisation: Utilisation | None = None
+        self.timed_calls: int | None = None
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
@@ -311,12 +346,52 @@ class _Grading:
         assert self.reference is not None
         problem = self.private / "problem.py"
         self._reference_call({"op": "hello"}, receive_only=True)
+        sizes = self._reference_call(
+            {"op": "estimate", "path": self.reference.program_path(problem)}
+        )
+        self._check_size(sizes.header)
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self._reference_call(
             {"op": "load", "role": "reference", "path": self.reference.program_path(problem), "threads": self.threads,
              "seed": self.init_seed, "device": self.options.device}
         )  # fmt: skip
         return {"header": frame.header, "tensors": frame.tensors}
+
+    def _blame_problem(self, message: str, evidence: str = "") -> _StopGradingError:
+        """Stops grading with ``grader_error`` and a ``problem`` finding: the problem, not the candidate."""
+        self._add(Finding(check="problem", severity="warn", message=message, evidence=evidence))
+        return _StopGradingError(Outcome.GRADER_ERROR, message)
+
+    def _check_size(self, sizes: dict[str, Any]) -> None:
+        """Refuses in seconds a problem that cannot fit (module docstring); unknown sizes pass."""
+        params, inputs, output = (
+            sizes.get(k) if isinstance(sizes.get(k), int) else None
+            for k in ("params_bytes", "inputs_bytes", "output_bytes")
+        )
+        need = sum(v for v in (params, inputs, output) if v is not None)
+        if not need:
+            return
+        parts = f"parameters {_size(params)}, one input set {_size(inputs)}, output {_size(output)}"
+        limit = self.options.memory_limit_bytes
+        if need > limit:
+            raise self._blame_problem(
+                f"problem too large for the sandbox: one call holds at least {_size(need)} ({parts}); the "
+                f"candidate's memory limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions."
+                "memory_limit_bytes): raise it, or shrink the problem's sizes"
+            )
+        if output is not None and output > _MAX_REPLY_BYTES:
+            raise self._blame_problem(
+                f"problem output too large: {_size(output)} per call, over the grader's {_size(_MAX_REPLY_BYTES)} "
+                f"reply frame (outputs are compared whole by the supervisor; {parts}): shrink the problem's "
+                "sizes to grade it here"
+            )
+        available = _available_memory()
+        if available is not None and 3 * need > available:
+            raise self._blame_problem(
+                f"problem too large for this machine: grading holds about 3 x {_size(need)} (reference, "
+                f"candidate and the supervisor's copies; {parts}) and {_size(available)} is available: "
+                "run it on a larger machine, or shrink the problem's sizes"
+            )
 
     def _reference_call(
         self,
@@ -425,6 +500,46 @@ class _Grading:
             f"candidate process ended during {phase} (exit status {code}): {exc}; stderr: {tail}",
         )
 
+    def _reference_agrees_with_itself(self) -> tuple[bool, list[str], str]:
+        """Runs the reference twice on the same fresh inputs: (agrees, its random modules, why not)."""
+        twice = self._reference_call(
+            {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {},
+             "repeat": True}
+        )  # fmt: skip
+        result = _compare(twice.tensors[-1], twice.tensors[-2], self.meta)
+        return result.ok, list(twice.header.get("random_modules", [])), result.message
+
+    def check_determinism(self) -> None:
+        """The policy for a reference that is random (module docstring): eval mode, else blame the problem."""
+        key = (self.meta.sha256, self.options.device)
+        named, why = _EVAL_MODE.get(key), "measured earlier in this process"
+        if named is None:
+            agrees, modules, why = self._reference_agrees_with_itself()
+            if agrees:
+                return
+            named = ", ".join(modules) or "no dropout-like module: random ops in forward"
+            self._reference_call({"op": "mode", "eval": True})
+            agrees, _, why_eval = self._reference_agrees_with_itself()
+            if not agrees:
+                raise self._blame_problem(
+                    "the reference gives different outputs for the same inputs, in training and in eval "
+                    f"mode: output comparison cannot grade this problem (random modules: {named})",
+                    f"training mode: {why}; eval mode: {why_eval}",
+                )
+        else:
+            self._reference_call({"op": "mode", "eval": True})
+        _EVAL_MODE[key] = named
+        self._candidate_call({"op": "mode", "eval": True}, phase="load")
+        self._add(
+            Finding(
+                check="nondeterministic_reference",
+                severity="warn",
+                message="the reference gives different outputs for the same inputs in training mode "
+                f"({named}): both models were graded in eval mode",
+                evidence=why,
+            )
+        )
+
     def check_correctness(self) -> None:
         cases: list[tuple[int, str, dict[str, int]]] = [
             (self.rng.randrange(1 << 31), variant, {})
@@ -498,6 +613,10 @@ class _Grading:
         per_batch = max(1, min(16, int(_TARGET_BATCH_S / max(reference_s, 1e-6))))
         pairs = self.options.timing_pairs
         warmup = 2
+        slow = reference_s > _SLOW_CALL_S
+        if slow:  # fewer, single-call batches within a time budget; early stop below
+            warmup = 1
+            pairs = max(_MIN_PAIRS, min(pairs, int(_SLOW_TIMED_S / reference_s)))
         pool_size = (pairs + warmup) * per_batch
         if pool_size * entry_bytes > _POOL_BYTES_LIMIT:
             per_batch = max(1, _POOL_BYTES_LIMIT // entry_bytes // (pairs + warmup))
@@ -535,6 +654,13 @@ class _Grading:
             if index >= warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
+            if (
+                slow
+                and len(ref_times) >= _MIN_PAIRS
+                and _interval_tight(ref_times, cand_times, self.rng)
+            ):
+                break
+        self.timed_calls = len(cand_times) * per_batch
         self._check_cores(empty_windows, self._cpu_windows[warmup:])
         self._check_idle(self._idle_windows[warmup:])
         self._finish_timing(ref_times, cand_times, peaks, entry_bytes)
@@ -556,6 +682,8 @@ class _Grading:
         best = float("inf")
         for _ in range(3):
             best = min(best, self._timed_batch_reference([0]))
+            if best > _SLOW_CALL_S:  # a slow call: once is enough to plan with
+                break
         return best
 
     def _build_pool(
@@ -813,7 +941,7 @@ class _Grading:
             outcome=outcome, correct=self.correct and stop is None and not any(f.check == "audit" for f in self.findings),
             speedup=timing.get("speedup"), speedup_ci=timing.get("speedup_ci"), candidate_ms=timing.get("candidate_ms"),
             baseline_ms=timing.get("baseline_ms"), findings=self.findings, provenance=self.provenance(),
-            utilisation=self.utilisation,
+            utilisation=self.utilisation, timed_calls=self.timed_calls if timing else None,
             error=_capped(stop.error) if stop else None,
         )  # fmt: skip
 
@@ -833,6 +961,7 @@ class _Grading:
             self.spawn_workers()
             loaded = self.start_reference()
             self.start_candidate(loaded)
+            self.check_determinism()
             self.check_correctness()
             if self.correct and self.options.measure_speed:
                 self.measure()
@@ -865,6 +994,33 @@ def _utilisation(
         bound="compute" if intensity is not None and intensity * peak_bytes >= peak_flops else "memory",
         roofline_fraction=achieved / roof,
     )  # fmt: skip
+
+
+def _interval_tight(ref_times: list[float], cand_times: list[float], rng: random.Random) -> bool:
+    """Whether the speedup's bootstrap 95% interval is within ``_CI_STOP`` of its median."""
+    ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
+    middle = statistics.median(ratios)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(200))
+    low, high = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
+    return middle > 0 and (high - low) / 2 <= _CI_STOP * middle
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "unknown"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def _available_memory() -> int | None:
+    """The machine's ``MemAvailable`` in bytes, or None where /proc/meminfo has none."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def _capped(error: str) -> str:

@@ -78,6 +78,9 @@ class Verdict(BaseModel):
     findings: list[Finding] = Field(default_factory=list)
     utilisation: Utilisation | None = None
     """The candidate's roofline position; present when its speed was measured."""
+    timed_calls: int | None = None
+    """Calls timed per side (after warm-up); present when the speed was measured. Fewer than
+    ``timing_pairs`` when a slow problem's plan adapted (the grader's threat model)."""
     provenance: Provenance
     error: str | None = None
     """Why grading stopped. It may quote the candidate's own stderr and exception text, which agents

@@ -7,9 +7,13 @@ patched by the submission, so the supervisor trusts none of its answers: it
 compares output bytes itself, times batches with its own clock and audits
 committed output hashes.
 
-Commands: ``load`` (build the model), ``gen`` (reference only: inputs and the
-expected output for a seed and variant; with ``keep`` the reference also keeps
-the inputs for a later ``pool`` with ``kept``), ``call`` (one call on given inputs),
+Commands: ``estimate`` (reference only, before ``load``: the bytes of parameters,
+inputs and output, from the problem built on torch's meta device, so nothing is
+allocated), ``load`` (build the model), ``mode`` (``eval``: both models in eval
+mode), ``gen`` (reference only: inputs and the expected output for a seed and
+variant; with ``repeat`` the output is computed twice on the same inputs, both
+returned; with ``keep`` the reference also keeps the inputs for a later ``pool``
+with ``kept``), ``call`` (one call on given inputs),
 ``pool`` (store timing inputs), ``batch`` (timed calls, answers with a hash of
 each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
 FLOP/s and bandwidth), ``exit``.
@@ -116,6 +120,34 @@ class Worker:
         if self.device == "cuda":
             _torch().cuda.synchronize()
 
+    def estimate(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        """Bytes of parameters, one input set and one output, on the meta device (nothing allocated).
+
+        Each figure is None where the problem's code cannot run on the meta device.
+        """
+        torch = _torch()
+        self.module = _import_file(frame.header["path"], "agentinfra_problem")
+
+        def size(values: Any) -> int:
+            items = values if isinstance(values, list | tuple) else [values]
+            return sum(x.numel() * x.element_size() for x in items if isinstance(x, torch.Tensor))
+
+        found: dict[str, Any] = {"params_bytes": None, "inputs_bytes": None, "output_bytes": None}
+        with contextlib.suppress(Exception), torch.device("meta"):
+            init = list(self.module.get_init_inputs())
+            inputs = list(self.module.get_inputs())
+            found["inputs_bytes"] = size(inputs)
+            model = self.module.Model(*init)
+            found["params_bytes"] = size(list(model.state_dict().values()))
+            with torch.no_grad():
+                found["output_bytes"] = size(model(*inputs))
+        return found, []
+
+    def mode(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        if frame.header.get("eval"):
+            self.model.eval()
+        return {}, []
+
     def load(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
         torch = _torch()
         header = frame.header
@@ -123,7 +155,8 @@ class Worker:
         torch.set_num_threads(int(header["threads"]))
         seed = int(header["seed"])
         if self.role == "reference":
-            self.module = _import_file(header["path"], "agentinfra_problem")
+            if self.module is None:
+                self.module = _import_file(header["path"], "agentinfra_problem")
             torch.manual_seed(seed)
             init = list(self.module.get_init_inputs())
             torch.manual_seed(seed)
@@ -188,13 +221,23 @@ class Worker:
                     inputs[index] = -value
         output = self._call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
         self._sync()
+        again = None
+        if header.get("repeat"):
+            again = self._call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+            self._sync()
         tensors: list[TensorBytes] = []
         encoded = encode_values(inputs, tensors)
         if header.get("keep"):
             self.kept.append((encoded, list(tensors)))
         finite = bool(torch.isfinite(output).all()) if output.is_floating_point() else True
         tensors.append(tensor_to_bytes(output))
-        return {"inputs": encoded, "finite": finite}, tensors
+        reply: dict[str, Any] = {"inputs": encoded, "finite": finite}
+        if again is not None:
+            tensors.append(tensor_to_bytes(again))
+            reply["random_modules"] = sorted(
+                {type(m).__name__ for m in self.model.modules() if _random_in_training(m)}
+            )
+        return reply, tensors
 
     def call(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
         torch = _torch()
@@ -282,6 +325,12 @@ class Worker:
         return {"flops_per_s": 2 * size**3 / best, "bytes_per_s": 2 * big.numel() / copy}, []
 
 
+def _random_in_training(module: Any) -> bool:
+    """Modules whose training-mode output is random: dropout of every kind, RReLU."""
+    name = type(module).__name__
+    return bool(module.training) and ("Dropout" in name or name == "RReLU")
+
+
 def _poison(device: str) -> None:
     """Fills and frees memory so that a fresh ``torch.empty`` is likely to hold NaN, not old data."""
     torch = _torch()
@@ -294,6 +343,8 @@ def serve(fd_in: int, fd_out: int) -> None:
     writer = os.fdopen(fd_out, "wb", buffering=0)
     worker = Worker()
     handlers = {
+        "estimate": worker.estimate,
+        "mode": worker.mode,
         "load": worker.load,
         "gen": worker.gen,
         "call": worker.call,
