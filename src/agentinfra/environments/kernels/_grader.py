@@ -73,6 +73,12 @@ problems load unchanged, and some are random or too large for the machine):
   frame (outputs are compared whole, here), or over three times the machine's
   available memory (reference, candidate and these copies): ``grader_error`` in
   seconds with a ``problem`` finding naming the sizes, the limit and the knob.
+- A reference that needs more address space in one call than the candidate's
+  memory limit (its ``VmPeak`` after the self-check, CPU): ``grader_error`` with a
+  ``problem`` finding; a candidate doing the same work could not fit either.
+- A slow problem's candidate gets the wall-clock budget its calls need: at least
+  ``timeout_s``, extended to three times the reference's time for the calls the
+  grading makes (plus 30 s). The reference's time decides, never the candidate's.
 - A slow problem: when one reference call takes over 0.1 s the timing plan
   shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 5
   pairs, one warm-up), and from the fifth pair on it stops once the speedup's
@@ -151,9 +157,11 @@ _CI_STOP = 0.05
 _MAX_REPLY_BYTES = 4 << 30
 """The largest frame the supervisor reads from a worker (`_sandbox`)."""
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
-_EVAL_MODE: dict[tuple[str, str], str] = {}
-"""(problem sha256, device) -> the random modules' names, for problems graded in eval mode: the
-reference's self-check is run once per problem per process (the reference is trusted)."""
+_SELF_CHECK: dict[tuple[str, str], str | None] = {}
+"""(problem sha256, device) -> None for a reference that agrees with itself, else the random modules'
+names (graded in eval mode): the self-check runs once per problem per process (the reference is trusted)."""
+_CALL_S: dict[tuple[str, str, int], float] = {}
+"""(problem sha256, device, threads) -> one reference call's seconds, from its self-check."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +293,7 @@ class _Grading:
         """(wall s, cpu s, precise) of each candidate batch since the list was last reset."""
         self.utilisation: Utilisation | None = None
         self.timed_calls: int | None = None
+        self.reference_call_s: float | None = None
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
@@ -502,20 +511,52 @@ class _Grading:
 
     def _reference_agrees_with_itself(self) -> tuple[bool, list[str], str]:
         """Runs the reference twice on the same fresh inputs: (agrees, its random modules, why not)."""
+        started = time.monotonic()
         twice = self._reference_call(
             {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {},
              "repeat": True}
         )  # fmt: skip
+        self.reference_call_s = (time.monotonic() - started) / 2
         result = _compare(twice.tensors[-1], twice.tensors[-2], self.meta)
         return result.ok, list(twice.header.get("random_modules", [])), result.message
+
+    def check_reference(self) -> None:
+        """The reference's own self-check, its memory against the sandbox's limit, and the candidate's budget.
+
+        A reference that needs more address space than the candidate may have cannot be
+        matched by a candidate doing the same work: the problem is refused. A slow
+        reference extends the candidate's wall-clock budget to what its calls need
+        (the reference's time, never the candidate's, decides).
+        """
+        self.check_determinism()
+        assert self.reference is not None
+        peak = self.reference.peak_address_space() if self.options.device == "cpu" else None
+        if peak is not None and peak > self.options.memory_limit_bytes:
+            raise self._blame_problem(
+                f"problem too large for the sandbox: the reference itself reached {_size(peak)} of address "
+                f"space running one call; the candidate's memory limit is {_size(self.options.memory_limit_bytes)} "
+                "(AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise it, or shrink the problem's sizes"
+            )
+        key = (self.meta.sha256, self.options.device, self.threads)
+        call_s = _CALL_S.setdefault(key, self.reference_call_s or 0.0)
+        calls = (
+            self.options.correctness_seeds * len(self.meta.variants)
+            + len(self.meta.shape_variants)
+            + 2 * (self.options.timing_pairs + 2)
+        )
+        self.deadline = max(self.deadline, time.monotonic() + 3 * calls * call_s + 30)
 
     def check_determinism(self) -> None:
         """The policy for a reference that is random (module docstring): eval mode, else blame the problem."""
         key = (self.meta.sha256, self.options.device)
-        named, why = _EVAL_MODE.get(key), "measured earlier in this process"
+        why = "measured earlier in this process"
+        if key in _SELF_CHECK and _SELF_CHECK[key] is None:
+            return
+        named = _SELF_CHECK.get(key)
         if named is None:
             agrees, modules, why = self._reference_agrees_with_itself()
             if agrees:
+                _SELF_CHECK[key] = None
                 return
             named = ", ".join(modules) or "no dropout-like module: random ops in forward"
             self._reference_call({"op": "mode", "eval": True})
@@ -528,7 +569,7 @@ class _Grading:
                 )
         else:
             self._reference_call({"op": "mode", "eval": True})
-        _EVAL_MODE[key] = named
+        _SELF_CHECK[key] = named
         self._candidate_call({"op": "mode", "eval": True}, phase="load")
         self._add(
             Finding(
@@ -961,7 +1002,7 @@ class _Grading:
             self.spawn_workers()
             loaded = self.start_reference()
             self.start_candidate(loaded)
-            self.check_determinism()
+            self.check_reference()
             self.check_correctness()
             if self.correct and self.options.measure_speed:
                 self.measure()

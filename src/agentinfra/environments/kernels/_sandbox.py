@@ -333,6 +333,16 @@ class WorkerProcess:
                     threads.add((pid, int(tid)))
         return CpuSample(coarse, precise, frozenset(threads))
 
+    def peak_address_space(self) -> int | None:
+        """The largest ``VmPeak`` (peak virtual memory, what ``RLIMIT_AS`` limits) in the process tree."""
+        peaks = []
+        for pid in _descendants(self.process.pid):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmPeak:"):
+                        peaks.append(int(line.split()[1]) * 1024)
+        return max(peaks, default=None)
+
     def kill(self) -> None:
         """Kills the worker and everything it started; reaps it.
 

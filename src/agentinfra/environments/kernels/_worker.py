@@ -115,6 +115,7 @@ class Worker:
         """Inputs of ``gen`` calls marked ``keep`` (encoded), for a ``pool`` built from them."""
         self.last_outputs: list[Any] = []
         self.scratch: Any = None
+        self.initial_state: dict[str, Any] | None = None
 
     def _sync(self) -> None:
         if self.device == "cuda":
@@ -144,7 +145,11 @@ class Worker:
         return found, []
 
     def mode(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        """``eval``: eval mode; the reference also goes back to the state it was built with (its
+        training-mode self-check calls moved BatchNorm's running statistics; the candidate's never ran)."""
         if frame.header.get("eval"):
+            if self.role == "reference" and self.initial_state is not None:
+                self.model.load_state_dict(self.initial_state, strict=False)
             self.model.eval()
         return {}, []
 
@@ -164,6 +169,8 @@ class Worker:
             tensors: list[TensorBytes] = []
             encoded_init = encode_values(init, tensors)
             names: list[str] = []
+            # buffers only (BatchNorm's running statistics move in training mode; parameters do not)
+            self.initial_state = {k: v.clone() for k, v in self.model.named_buffers()}
             for name, value in self.model.state_dict().items():
                 names.append(name)
                 tensors.append(tensor_to_bytes(value))
