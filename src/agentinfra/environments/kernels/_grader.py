@@ -388,6 +388,12 @@ class _Grading:
                 f"candidate's memory limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions."
                 "memory_limit_bytes): raise it, or shrink the problem's sizes"
             )
+        if inputs is not None and output is not None and inputs + output > _MAX_REPLY_BYTES:
+            raise self._blame_problem(
+                f"problem too large for the grader's wire: one input set and its output are {_size(inputs + output)} "
+                f"({parts}), over the {_size(_MAX_REPLY_BYTES)} frame the reference sends them in: shrink the "
+                "problem's sizes to grade it here"
+            )
         if output is not None and output > _MAX_REPLY_BYTES:
             raise self._blame_problem(
                 f"problem output too large: {_size(output)} per call, over the grader's {_size(_MAX_REPLY_BYTES)} "
@@ -417,15 +423,29 @@ class _Grading:
                 if receive_only
                 else self.reference.request(header, tensors, timeout_s=timeout)
             )
-        except (WorkerTimeoutError, WorkerDiedError) as exc:
-            raise _StopGradingError(
-                Outcome.GRADER_ERROR,
-                f"reference worker failed: {exc}; {self.reference.stderr_tail()}",
+        except WorkerTimeoutError:
+            raise self._blame_problem(
+                f"the reference took over {timeout:.0f} s for one {header.get('op')} request: the problem is too "
+                "slow for this machine; raise --timeout-s (GradeOptions.timeout_s) or shrink the problem's sizes"
+            ) from None
+        except WorkerDiedError as exc:
+            with contextlib.suppress(Exception):
+                self.reference.process.wait(timeout=5)
+            code = self.reference.process.poll()
+            killed = code in (-signal.SIGKILL, 128 + signal.SIGKILL)
+            why = (
+                "it was killed (SIGKILL: most likely the machine ran out of memory; see dmesg)"
+                if killed
+                else f"exit status {code}"
+            )
+            raise self._blame_problem(
+                f"the reference process died during {header.get('op')}: {why}; the problem may be too large for "
+                "this machine: shrink its sizes",
+                f"{exc}; {self.reference.stderr_tail()}",
             ) from None
         if not frame.header.get("ok"):
-            raise _StopGradingError(
-                Outcome.GRADER_ERROR,
-                f"reference failed in {header.get('op')}: {frame.header.get('error')}",
+            raise self._blame_problem(
+                f"the problem's own code failed in {header.get('op')}: {frame.header.get('error')}"
             )
         return frame
 

@@ -134,6 +134,9 @@ class Worker:
             return sum(x.numel() * x.element_size() for x in items if isinstance(x, torch.Tensor))
 
         found: dict[str, Any] = {"params_bytes": None, "inputs_bytes": None, "output_bytes": None}
+        distributions = torch.distributions.Distribution
+        validate = distributions._validate_args
+        distributions.set_default_validate_args(False)  # its checks read values meta tensors lack
         with contextlib.suppress(Exception), torch.device("meta"):
             init = list(self.module.get_init_inputs())
             inputs = list(self.module.get_inputs())
@@ -142,6 +145,7 @@ class Worker:
             found["params_bytes"] = size(list(model.state_dict().values()))
             with torch.no_grad():
                 found["output_bytes"] = size(model(*inputs))
+        distributions.set_default_validate_args(validate)
         return found, []
 
     def mode(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
