@@ -349,6 +349,14 @@ def _poison(device: str) -> None:
         torch.full((1 << 20,), float("nan"), device=device)
 
 
+def _write_all(writer: Any, data: bytes) -> None:
+    """Writes all of ``data``: one write(2) moves at most about 2 GiB (Linux's MAX_RW_COUNT), and an
+    unbuffered file returns after one, so a larger frame was cut short and its reader waited forever."""
+    view = memoryview(data)
+    while view:
+        view = view[writer.write(view[: 1 << 30]) :]
+
+
 def serve(fd_in: int, fd_out: int) -> None:
     reader = os.fdopen(fd_in, "rb", buffering=1 << 20)
     writer = os.fdopen(fd_out, "wb", buffering=0)
@@ -365,7 +373,7 @@ def serve(fd_in: int, fd_out: int) -> None:
         "peaks": worker.peaks,
     }
     _torch()  # imported before hello, so the supervisor can start both workers' imports at once
-    writer.write(encode_frame({"ok": True, "op": "hello", "pid": os.getpid()}))
+    _write_all(writer, encode_frame({"ok": True, "op": "hello", "pid": os.getpid()}))
     while True:
         try:
             frame = read_frame(reader, max_payload_bytes=_MAX_PAYLOAD)
@@ -382,7 +390,7 @@ def serve(fd_in: int, fd_out: int) -> None:
             reply = encode_frame(
                 {"ok": False, "op": op, "error": detail[-2000:], "error_type": type(exc).__name__}
             )
-        writer.write(reply)
+        _write_all(writer, reply)
 
 
 def main() -> None:
