@@ -115,6 +115,8 @@ def test_a_kernels_run_against_the_real_model(
     roles = [m["role"] for m in record["messages"]]
     assert roles[:2] == ["system", "user"]
     assert roles.count("assistant") == 4
+    # the loop's reminders are in the training data, where the model saw them
+    assert roles.count("user") == 1 + sum(1 for e in journal if e["type"] == "feedback")
     # the run's requests went through the connector (blocks saved), and as a KV session (--kv-hints) its
     # private blocks left memory when it stopped
     stats = kv._store.stats()
