@@ -21,6 +21,7 @@ Each verdict is classed:
 
 Goals: 0 false failures, 0 opaque errors. Prints a Markdown table and the
 totals (median time per grading); writes everything as JSON to ``--out``.
+``AGENTINFRA_GRADER_*`` settings apply as in ``agentinfra grade``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentinfra._settings import load_settings
+from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels import GradeOptions, Verdict, grade
 
 
@@ -98,7 +101,9 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    options = GradeOptions(device=args.device, timeout_s=args.timeout_s)
+    # AGENTINFRA_GRADER_* apply, as in `agentinfra grade` (AGENTINFRA_GRADER_MEMORY: the candidate's limit)
+    settings = GraderSettings.from_config(load_settings().grader, timeout_s=args.timeout_s)
+    options = GradeOptions.from_settings(settings, device=args.device)
     with tempfile.TemporaryDirectory(prefix="kernelbench-sweep-") as tmp:
         for problem in problems(args.kernelbench, levels):
             if args.limit is not None and len(rows) >= args.limit:

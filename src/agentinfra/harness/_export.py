@@ -110,7 +110,9 @@ def export_record(
                     "content": _content(data["content"], run_path, images_dir),
                 }
             )
-        elif event.type == "feedback":  # the loop's reminder or error after a reply with no usable call
+        elif (
+            event.type == "feedback"
+        ):  # the loop's reminder or error after a reply with no usable call
             messages.append({"role": "user", "content": data["text"]})
         elif event.type == "stopped":
             stop = data

@@ -154,6 +154,8 @@ _SLOW_TIMED_S = 15.0
 _MIN_PAIRS = 5
 _CI_STOP = 0.05
 """A slow problem's timing stops once the speedup's 95% interval is within this fraction of its median."""
+_RUNTIME_BYTES = 1 << 30
+"""Address space a worker holds for Python and torch before any problem data (measured: ~0.6 GiB)."""
 _MAX_REPLY_BYTES = 4 << 30
 """The largest frame the supervisor reads from a worker (`_sandbox`)."""
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
@@ -294,6 +296,7 @@ class _Grading:
         self.utilisation: Utilisation | None = None
         self.timed_calls: int | None = None
         self.reference_call_s: float | None = None
+        self.eval_mode = False
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
@@ -382,11 +385,15 @@ class _Grading:
             return
         parts = f"parameters {_size(params)}, one input set {_size(inputs)}, output {_size(output)}"
         limit = self.options.memory_limit_bytes
-        if need > limit:
+        # the candidate receives the parameters and builds its own copy, then holds one call's
+        # inputs and output, beside Python and torch (about 1 GiB of address space)
+        candidate_need = 2 * (params or 0) + (inputs or 0) + (output or 0) + _RUNTIME_BYTES
+        if candidate_need > limit:
             raise self._blame_problem(
-                f"problem too large for the sandbox: one call holds at least {_size(need)} ({parts}); the "
-                f"candidate's memory limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions."
-                "memory_limit_bytes): raise it, or shrink the problem's sizes"
+                f"problem too large for the sandbox: the candidate needs at least {_size(candidate_need)} ({parts}; "
+                f"the parameters twice while it loads, {_size(_RUNTIME_BYTES)} for Python and torch); its memory "
+                f"limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise it, "
+                "or shrink the problem's sizes"
             )
         if inputs is not None and output is not None and inputs + output > _MAX_REPLY_BYTES:
             raise self._blame_problem(
@@ -473,6 +480,8 @@ class _Grading:
             raise _StopGradingError(
                 Outcome.INVALID, str(reply.header.get("error", "load failed"))[:2000]
             )
+        if self.eval_mode:
+            self._candidate_call({"op": "mode", "eval": True}, phase="load")
 
     def _worker_uid(self) -> int:
         """A uid for one worker, reserved for this grading's life (`_reserve_uid`)."""
@@ -590,7 +599,7 @@ class _Grading:
         else:
             self._reference_call({"op": "mode", "eval": True})
         _SELF_CHECK[key] = named
-        self._candidate_call({"op": "mode", "eval": True}, phase="load")
+        self.eval_mode = True  # the candidate follows right after its load
         self._add(
             Finding(
                 check="nondeterministic_reference",
@@ -1021,8 +1030,8 @@ class _Grading:
             self.prepare()
             self.spawn_workers()
             loaded = self.start_reference()
-            self.start_candidate(loaded)
             self.check_reference()
+            self.start_candidate(loaded)
             self.check_correctness()
             if self.correct and self.options.measure_speed:
                 self.measure()
