@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -51,10 +52,21 @@ TEXT = (
 )
 
 
+CHARS_PER_TOKEN = [4.0]
+"""Characters per token of TEXT, calibrated on the first server (`calibrate`)."""
+
+
 def prompt(tokens: int, nonce: int) -> list[dict[str, Any]]:
     """A chat whose templated prompt is about ``tokens`` tokens, unique from its first token."""
-    body = f"Session {nonce}. " + TEXT * (tokens // 50 + 1)
-    return [{"role": "user", "content": body[: tokens * 4]}]
+    body = f"Session {nonce}. " + TEXT * (tokens // 20 + 1)
+    return [{"role": "user", "content": body[: int(tokens * CHARS_PER_TOKEN[0])]}]
+
+
+def calibrate(client: openai.OpenAI, tokens: int) -> None:
+    """Sizes prompts by the model's tokenizer: one request, then characters per token from its usage."""
+    for _ in range(2):
+        got = stream(client, prompt(tokens, 1), 1)["prompt_tokens"]
+        CHARS_PER_TOKEN[0] *= tokens / got
 
 
 def stream(
@@ -84,7 +96,16 @@ def median(rows: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(float(r[key]) for r in rows), 4)
 
 
+def same_cores() -> None:
+    """The same compute cores for every engine: vLLM's CPU backend reserves one more core when a KV
+    connector is configured (for NIXL), and on a 2-core machine that reservation fails and the engine
+    computes on both cores, against one without a connector: a 1.9x prefill difference that is not the
+    cache's. One reserved core (vLLM's own default without a connector) for all."""
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+
+
 def main() -> None:
+    same_cores()
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--trials", type=int, default=5)
@@ -102,6 +123,7 @@ def main() -> None:
         with VllmServer(model, log=Path(tmp) / "recompute.log", **common) as server:  # type: ignore[arg-type]
             client = openai.OpenAI(base_url=server.base_url, api_key="unused")
             stream(client, [{"role": "user", "content": "Hello"}], 4)
+            calibrate(client, args.tokens)
             cold = [stream(client, prompt(args.tokens, 1000 + i), 8) for i in range(args.trials)]
             decode = [
                 stream(client, prompt(64, 2000 + i), args.decode, ignore_eos=True) for i in range(3)

@@ -64,6 +64,9 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "vllm_connector.json"
     )
     args = parser.parse_args()
+    # The same compute cores for every engine (see bench_real_model.same_cores): vLLM reserves one
+    # more core when a connector is configured, which on 2 cores silently gives the connector runs both.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
     python = vllm_python()
     report: dict[str, Any] = {"tokens": args.tokens, "layers": args.layers, "runs": {}}
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
