@@ -129,7 +129,15 @@ def test_replay_report_regrade_and_the_chart_renders_in_chromium(tmp_path: Path)
                          capture_output=True, text=True, env=ENV, timeout=400)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads((run / "report.json").read_text())
-    assert report["schema_version"] == 2
+    assert report["schema_version"] == 3
+    # where the time went: three gradings on one worker, each submission's roofline position
+    grading = report["utilisation"]["grading"]
+    assert (grading["gradings"], grading["workers"]) == (3, 1)
+    assert 0 < grading["busy_fraction"] <= 1
+    assert report["submissions"][0]["utilisation"]["roofline_fraction"] > 0
+    page = (run / "report.html").read_text()
+    assert "Where the time went" in page
+    assert "of the roof" in page
     assert report["score_unit"] == "speedup"
     assert report["run_id"] == "mini"
     # progress: one plain line per finished grading (stderr is not a terminal here)

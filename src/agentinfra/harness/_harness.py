@@ -27,8 +27,13 @@ from agentinfra.errors import HarnessError
 from agentinfra.harness._environment import Executor, LocalExecutor
 from agentinfra.harness._progress import ProgressTracker
 from agentinfra.harness._rundir import RunDirectory
+from agentinfra.harness._utilisation import MachineSampler
 
 __all__ = ["Receipt", "RunHarness", "RunState", "graded_score"]
+
+MACHINE_SAMPLE_S = 5.0
+"""How often a serving run journals the machine's activity (``machine_sample``). The device is an
+environment's ``device`` attribute where it has one (NVML for cuda), else the CPU."""
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +166,10 @@ class RunHarness:
             return
         self.in_flight.add(sha)
         try:
-            self.run.journal.append("grading_started", {"sha256": sha, "grader_version": version})
+            self.run.journal.append(
+                "grading_started",
+                {"sha256": sha, "grader_version": version, "workers": self.eval_workers},
+            )
             # Hidden seeds: fresh from the OS for every grading, never derived from the run's seed.
             submission = self.run.read_submission(sha)
             if self.progress is not None:
@@ -222,6 +230,7 @@ class RunHarness:
         """Grades until the budget ends, a finish marker arrives or ``stop`` is set; then drains."""
         seen_in_watch: set[str] = set()
         workers = [asyncio.create_task(self._worker()) for _ in range(self.eval_workers)]
+        sampler = asyncio.create_task(self._sample_machine())
         try:
             while True:
                 finish = self.ingest_inbox()
@@ -259,9 +268,17 @@ class RunHarness:
             with contextlib.suppress(FileNotFoundError):
                 self.run.layout.finish_marker.unlink()
         finally:
-            for task in workers:
+            for task in [*workers, sampler]:
                 task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*workers, sampler, return_exceptions=True)
+
+    async def _sample_machine(self) -> None:
+        """Journals the machine's activity every ``MACHINE_SAMPLE_S`` while the run serves (`MachineSampler`)."""
+        device = str(getattr(self.environment, "device", "") or "cpu")
+        sampler = MachineSampler("cuda" if device.startswith("cuda") else "cpu")
+        while True:
+            sampler.journal_to(self.run.journal.append)
+            await asyncio.sleep(MACHINE_SAMPLE_S)
 
     async def drain(self) -> None:
         """Grades everything queued with the worker pool, then returns."""

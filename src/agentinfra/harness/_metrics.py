@@ -47,6 +47,8 @@ class SubmissionRecord:
     source: str = ""
     remeasured_score: float | None = None
     score_ci: tuple[float, float] | None = None
+    utilisation: dict[str, Any] | None = None
+    """The environment's roofline figures for this submission (kernels: `Verdict.utilisation`)."""
 
     @property
     def is_hack(self) -> bool:

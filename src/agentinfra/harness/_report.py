@@ -16,12 +16,16 @@ from typing import Any
 
 from agentinfra.environments import ScoreSpec
 from agentinfra.harness._filmstrip import filmstrip_frames, render_filmstrip
+from agentinfra.harness._journal import Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, compute_metrics, diff_text
 from agentinfra.harness._rundir import RunDirectory, atomic_write
+from agentinfra.harness._utilisation import wall_time_breakdown
 
 __all__ = ["REPORT_SCHEMA_VERSION", "build_report", "load_records", "render_html", "write_report"]
 
-REPORT_SCHEMA_VERSION = 2
+REPORT_SCHEMA_VERSION = 3
+"""3: ``utilisation`` (where the wall time went, the grading pool's and the machine's activity)
+and each submission's ``utilisation`` (its roofline position)."""
 _COLOURS = {"passed": "#1a9641", "failed": "#f39c12", "hack_flagged": "#d7191c", "crashed": "#7f7f7f",
             "timeout": "#5e3c99", "invalid": "#999999", "grader_error": "#000000"}  # fmt: skip
 
@@ -43,9 +47,18 @@ def load_records(run: RunDirectory, grader_version: str) -> list[SubmissionRecor
                 source=run.submission_text(sha),
                 remeasured_score=again.score if again and again.correct else None,
                 score_ci=evaluation.score_ci if evaluation else None,
+                utilisation=evaluation.details.get("utilisation") if evaluation else None,
             )
         )  # fmt: skip
     return records
+
+
+def _transcript_events(run: RunDirectory) -> list[Any]:
+    """The agent's transcript events (an `agentinfra run` run), or none."""
+    path = run.layout.transcript
+    if not path.is_file():
+        return []
+    return list(Journal.read(path))
 
 
 def _events_by_sha(run: RunDirectory) -> dict[str, list[int]]:
@@ -72,9 +85,11 @@ def build_report(run: RunDirectory, grader_version: str, score: ScoreSpec) -> di
         "submissions": [
             {"seq": r.seq, "sha256": r.sha256, "submitted_at_s": r.submitted_at_s, "turn": r.turn, "outcome": r.outcome,
              "correct": r.correct, "score": r.score, "score_ci": list(r.score_ci) if r.score_ci else None,
-             "remeasured_score": r.remeasured_score, "is_hack": r.is_hack, "findings": r.findings}
+             "remeasured_score": r.remeasured_score, "is_hack": r.is_hack, "findings": r.findings,
+             "utilisation": r.utilisation}
             for r in records
         ],
+        "utilisation": wall_time_breakdown(run.journal.events, _transcript_events(run)),
         "best": best,
         "metrics": metrics,
         "anomalies": flags,
@@ -175,6 +190,116 @@ def _chart(records: list[SubmissionRecord], metrics: dict[str, Any], score: Scor
     return "\n".join(parts)
 
 
+def _lanes_svg(util: dict[str, Any]) -> str:
+    """Model calls, tool calls and gradings on one time axis (a lane each)."""
+    span = float(util.get("span_s") or 0.0)
+    lanes = util.get("lanes", {})
+    if span <= 0 or not any(lanes.values()):
+        return ""
+    width, left, lane_h = 960, 70, 18
+    colours = {"model": "#2b83ba", "tools": "#fdae61", "grading": "#1a9641"}
+    parts = []
+    for row, name in enumerate(("model", "tools", "grading")):
+        y = 8 + row * (lane_h + 6)
+        parts.append(f'<text x="4" y="{y + 13}" font-size="11">{name}</text>')
+        for start, end in lanes.get(name, []):
+            x = left + (width - left - 10) * start / span
+            w = max((width - left - 10) * (end - start) / span, 0.8)
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" fill="{colours[name]}">'
+                f"<title>{name} {start:.1f}-{end:.1f} s</title></rect>"
+            )
+    height = 8 + 3 * (lane_h + 6) + 14
+    parts.append(
+        f'<text x="{left}" y="{height - 2}" font-size="10">0 s</text>'
+        f'<text x="{width - 60}" y="{height - 2}" font-size="10">{span:.0f} s</text>'
+    )
+    return f'<svg width="{width}" height="{height}" role="img" aria-label="timeline">{"".join(parts)}</svg>'
+
+
+def _roofline_svg(records: list[SubmissionRecord]) -> str:
+    """The best correct, unflagged submissions on a log-log roofline (those with a FLOP count)."""
+    best = sorted(
+        (
+            r
+            for r in records
+            if r.correct and not r.is_hack and r.utilisation and r.score is not None
+        ),
+        key=lambda r: -(r.score or 0.0),
+    )[:5]
+    points = [r for r in best if (r.utilisation or {}).get("arithmetic_intensity")]
+    if not points:
+        return ""
+    first = points[0].utilisation or {}
+    peak_f, peak_b = float(first["peak_flops_per_s"]), float(first["peak_bytes_per_s"])
+    xs = [float((r.utilisation or {})["arithmetic_intensity"]) for r in points]
+    ridge = peak_f / peak_b
+    x_lo, x_hi = min([*xs, ridge]) / 10, max([*xs, ridge]) * 10
+    y_hi = peak_f * 2
+    y_lo = min(float((r.utilisation or {})["flops_per_s"]) for r in points) / 10
+    width, height, left, bottom = 420, 260, 60, 30
+
+    def x(value: float) -> float:
+        return left + (width - left - 10) * math.log(value / x_lo) / math.log(x_hi / x_lo)
+
+    def y(value: float) -> float:
+        return 10 + (height - bottom - 10) * (1 - math.log(value / y_lo) / math.log(y_hi / y_lo))
+
+    roof = " ".join(
+        f"{x(v):.1f},{y(min(peak_f, v * peak_b)):.1f}"
+        for v in (x_lo, ridge, x_hi)
+        if min(peak_f, v * peak_b) > y_lo
+    )
+    dots = "".join(
+        f'<circle cx="{x(float(u["arithmetic_intensity"])):.1f}" cy="{y(float(u["flops_per_s"])):.1f}" r="4" fill="#d7191c">'
+        f"<title>#{r.seq}: {float(u['flops_per_s']) / 1e9:.2f} GFLOP/s, {float(u['roofline_fraction']):.0%} of the roof</title></circle>"
+        f'<text x="{x(float(u["arithmetic_intensity"])) + 6:.1f}" y="{y(float(u["flops_per_s"])) + 4:.1f}" font-size="10">#{r.seq}</text>'
+        for r in points
+        for u in [r.utilisation or {}]
+    )
+    return (
+        f'<svg width="{width}" height="{height}" role="img" aria-label="roofline">'
+        f'<polyline points="{roof}" fill="none" stroke="#555" stroke-width="1.5"/>{dots}'
+        f'<text x="{left}" y="{height - 8}" font-size="10">arithmetic intensity (FLOP/byte), log</text>'
+        f'<text x="4" y="12" font-size="10">FLOP/s, log (peak {peak_f / 1e9:.0f} GFLOP/s, {peak_b / 1e9:.0f} GB/s)</text></svg>'
+    )
+
+
+def _utilisation_html(util: dict[str, Any], records: list[SubmissionRecord]) -> str:
+    if not util or not util.get("span_s"):
+        return ""
+    agent, grading, machine = (
+        util.get("agent", {}),
+        util.get("grading", {}),
+        util.get("machine", {}),
+    )
+    span = float(util["span_s"])
+
+    def share(seconds: float, whole: float) -> str:
+        return f"{seconds:.1f} s ({seconds / whole:.0%})" if whole > 0 else f"{seconds:.1f} s"
+
+    agent_span = float(agent.get("span_s") or 0.0)
+    agent_row = (
+        f"<tr><th>agent ({agent_span:.0f} s)</th><td>model calls {share(agent['model_s'], agent_span)}, "
+        f"{agent['model_calls']} calls</td><td>tool calls {share(agent['tools_s'], agent_span)}, {agent['tool_calls']} calls</td>"
+        f"<td>idle {share(agent['idle_s'], agent_span)}</td></tr>"
+        if agent_span > 0
+        else ""
+    )
+    machine_text = (
+        f"{machine.get('metric')} mean {float(machine['mean']):.0%} over {machine['samples']} samples ({html.escape(str(machine['source']))})"
+        if machine.get("mean") is not None
+        else "not sampled"
+    )
+    return f"""<h2>Where the time went</h2>
+<table>{agent_row}
+<tr><th>grading ({grading.get("workers", 1)} worker(s))</th><td>{grading.get("gradings", 0)} gradings, {float(grading.get("grading_s", 0.0)):.1f} s</td>
+<td>waiting in the queue {float(grading.get("queue_s", 0.0)):.1f} s</td><td>workers busy {float(grading.get("busy_fraction", 0.0)):.0%} of {span:.0f} s</td></tr>
+<tr><th>machine</th><td colspan="3">{machine_text}</td></tr></table>
+{_lanes_svg(util)}
+{_roofline_svg(records)}"""
+
+
 def render_html(report: dict[str, Any]) -> str:
     records: list[SubmissionRecord] = report["_records"]
     score: ScoreSpec = report["_score"]
@@ -187,6 +312,9 @@ def render_html(report: dict[str, Any]) -> str:
             for f in record.findings
         )
         speed = score.format(record.score)
+        roof = record.utilisation or {}
+        if roof.get("roofline_fraction") is not None:
+            speed += f"<br><small>{float(roof['roofline_fraction']):.0%} of the roof ({esc(str(roof.get('bound')))}-bound)</small>"
         if record.score_ci:
             speed += f" <small>[{record.score_ci[0]:.2f}, {record.score_ci[1]:.2f}]</small>"
         if record.remeasured_score is not None:
@@ -234,6 +362,7 @@ tr.hack_flagged {{ background: #fdecea; }}
 <h2>Submissions</h2>
 <table><tr><th>#</th><th>time</th><th>outcome</th><th>{esc(score.unit)} [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
 {"".join(rows)}</table>
+{_utilisation_html(report.get("utilisation", {}), records)}
 {render_filmstrip(report.get("steps", []), report["_images_dir"])}
 </body></html>
 """
