@@ -56,6 +56,11 @@ Covered:
     reference worker measured on this machine) blocks: a factor-2 margin.
   - ``timing_disagreement`` (CUDA events against the host clock) only warns.
 - Nothing in the verdict comes from the candidate's stdout or its account of itself.
+- Cached across gradings in one process, on the trusted side only: the machine's
+  peaks (per device and thread count), and per problem hash the reference's
+  self-check result and one call's time. All come from the reference worker (the
+  problem's own code, never a submission) and live as long as the process; a
+  candidate cannot write to them, and a changed problem file has another hash.
 
 Problems, not candidates, are blamed for what is the problem's (KernelBench's own
 problems load unchanged, and some are random or too large for the machine):
