@@ -86,7 +86,8 @@ problems load unchanged, and some are random or too large for the machine):
   grading makes (plus 30 s). The reference's time decides, never the candidate's.
 - A slow problem: when one reference call takes over 0.1 s the timing plan
   shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 5
-  pairs, one warm-up), and from the fifth pair on it stops once the speedup's
+  pairs, or 3 where the 768 MiB input pool holds no more; one warm-up), and
+  from the fifth pair on it stops once the speedup's
   95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
   how many calls were timed per side.
 
