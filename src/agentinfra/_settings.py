@@ -144,8 +144,14 @@ class GraderConfig:
     """Processes and threads the candidate may start (AGENTINFRA_GRADER_MAX_PROCESSES)."""
     threads: int = 1
     """Torch intra-op threads for both sides when timing on CPU (AGENTINFRA_GRADER_THREADS)."""
+    device: str = "cpu"
+    """Where runs grade kernels: cpu or cuda (AGENTINFRA_GRADER_DEVICE); a cuda run's machine samples come from NVML."""
 
     def __post_init__(self) -> None:
+        _require(
+            self.device in ("cpu", "cuda"),
+            f"device={self.device!r} must be 'cpu' or 'cuda' (AGENTINFRA_GRADER_DEVICE)",
+        )
         _require(
             self.timeout_s > 0,
             f"timeout_s={self.timeout_s} must be > 0 (AGENTINFRA_GRADER_TIMEOUT_S)",
@@ -253,6 +259,7 @@ _KNOWN = frozenset(
         "GRADER_MEMORY",
         "GRADER_MAX_PROCESSES",
         "GRADER_THREADS",
+        "GRADER_DEVICE",
         "RUNS_DIR",
         "EVAL_WORKERS",
         "AGENT_CONCURRENCY",
@@ -295,6 +302,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             memory_limit_bytes=_size(env, "GRADER_MEMORY", defaults.grader.memory_limit_bytes),
             max_processes=_int(env, "GRADER_MAX_PROCESSES", defaults.grader.max_processes),
             threads=_int(env, "GRADER_THREADS", defaults.grader.threads),
+            device=env.get(ENV_PREFIX + "GRADER_DEVICE", defaults.grader.device),
         ),
         harness=HarnessConfig(
             runs_dir=_path(env, "RUNS_DIR") or defaults.harness.runs_dir,

@@ -57,7 +57,10 @@ def _show(verdict: Verdict) -> None:
 def grade_command(
     problem: Annotated[Path, typer.Argument(help="Problem file (KernelBench format).")],
     submission: Annotated[Path, typer.Argument(help="Submission file defining ModelNew.")],
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    device: Annotated[
+        str | None,
+        typer.Option("--device", help="cpu or cuda (default: AGENTINFRA_GRADER_DEVICE, else cpu)."),
+    ] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", help="Torch threads for both sides.")
     ] = None,

@@ -144,6 +144,8 @@ class GraderSettings(BaseModel):
     correctness_seeds: int = Field(default=2, ge=1)
     memory_limit_bytes: int = Field(default=4 << 30, ge=64 << 20)
     max_processes: int = Field(default=64, ge=1)
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where kernels are graded (AGENTINFRA_GRADER_DEVICE)."""
 
     @classmethod
     def from_config(cls, config: GraderConfig, **overrides: Any) -> GraderSettings:
@@ -153,6 +155,7 @@ class GraderSettings(BaseModel):
             "timeout_s": config.timeout_s,
             "memory_limit_bytes": config.memory_limit_bytes,
             "max_processes": config.max_processes,
+            "device": config.device,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -93,6 +93,8 @@ class KernelEnvironment:
     def __init__(self, task: Task, settings: GraderSettings) -> None:
         self.task = task
         self.settings = settings
+        self.device = settings.device
+        """Where this run grades; the harness samples this device while the run serves."""
 
     async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
         with _on_disk(self.task, submission) as (problem, candidate):

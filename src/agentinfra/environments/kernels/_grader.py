@@ -208,10 +208,12 @@ class GradeOptions:
     @classmethod
     def from_settings(cls, settings: GraderSettings, **overrides: Any) -> GradeOptions:
         """The one conversion from a run's `GraderSettings` (and so from ``AGENTINFRA_GRADER_*``)."""
+        given = {k: v for k, v in overrides.items() if v is not None or k == "seed"}
+        values: dict[str, Any] = {"device": settings.device, **given}
         return cls(
             threads=settings.threads, timeout_s=settings.timeout_s, timing_pairs=settings.timing_pairs,
             correctness_seeds=settings.correctness_seeds, memory_limit_bytes=settings.memory_limit_bytes,
-            max_processes=settings.max_processes, **overrides,
+            max_processes=settings.max_processes, **values,
         )  # fmt: skip
 
 
