@@ -41,6 +41,7 @@ from agentinfra.kvcache import (
     TieredStore,
     VllmServer,
     smollm2_dir,
+    timed_chat,
     vllm_python,
 )
 
@@ -72,24 +73,7 @@ def calibrate(client: openai.OpenAI, tokens: int) -> None:
 def stream(
     client: openai.OpenAI, messages: list[dict[str, Any]], max_tokens: int, **extra: Any
 ) -> dict[str, Any]:
-    started = time.perf_counter()
-    first = None
-    count = 0
-    usage = None
-    for chunk in client.chat.completions.create(
-        model=SMOLLM2_NAME, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True}, extra_body=extra or None,
-    ):  # fmt: skip
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first if first is not None else time.perf_counter() - started
-            count += 1
-        if chunk.usage is not None:
-            usage = chunk.usage
-    total = time.perf_counter() - started
-    details = getattr(usage, "prompt_tokens_details", None)
-    return {"ttft_s": first, "total_s": total, "prompt_tokens": usage.prompt_tokens if usage else None,
-            "completion_tokens": usage.completion_tokens if usage else None,
-            "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0)}  # fmt: skip
+    return timed_chat(client, SMOLLM2_NAME, messages, max_tokens, **extra)
 
 
 def median(rows: list[dict[str, Any]], key: str) -> float:

@@ -31,6 +31,7 @@ from agentinfra.kvcache import (
     TieredStore,
     VllmServer,
     smollm2_dir,
+    timed_chat,
 )
 
 SYSTEM = (
@@ -45,27 +46,10 @@ QUESTIONS = ("What is the capital of France?", "And what is the capital of Italy
 
 
 def turn(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    started = time.monotonic()
-    first: float | None = None
-    parts: list[str] = []
-    usage = None
-    stream = client.chat.completions.create(
-        model=SMOLLM2_NAME, messages=messages, max_tokens=40, temperature=0.0, stream=True,  # type: ignore[arg-type]
-        stream_options={"include_usage": True},
-    )  # fmt: skip
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            first = first if first is not None else time.monotonic() - started
-            parts.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            usage = chunk.usage
-    details = getattr(usage, "prompt_tokens_details", None)
-    return {
-        "answer": "".join(parts).strip(),
-        "prompt_tokens": usage.prompt_tokens if usage else None,
-        "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0),
-        "ttft_s": round(first, 3) if first is not None else None,
-    }
+    result = timed_chat(client, SMOLLM2_NAME, messages, 40)
+    ttft = result["ttft_s"]
+    return {"answer": result["answer"], "prompt_tokens": result["prompt_tokens"],
+            "cached_tokens": result["cached_tokens"], "ttft_s": round(ttft, 3) if ttft is not None else None}  # fmt: skip
 
 
 def main() -> int:
@@ -86,7 +70,9 @@ def main() -> int:
                             extra_args=("--enable-prompt-tokens-details",)) as server:  # fmt: skip
                 say(f"vLLM answered after {time.monotonic() - started:.0f} s")
                 client = openai.OpenAI(base_url=server.base_url, api_key="unused")
-                turn(client, [{"role": "user", "content": "Hello!"}])  # warm-up: the first request is slow
+                turn(
+                    client, [{"role": "user", "content": "Hello!"}]
+                )  # warm-up: the first request is slow
                 messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
                 turns = []
                 for question in QUESTIONS:
@@ -107,7 +93,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"\nvLLM counted {external:.0f} prefix tokens loaded from the store; it holds {stats.tiers[0].blocks} blocks")
+        print(
+            f"\nvLLM counted {external:.0f} prefix tokens loaded from the store; it holds {stats.tiers[0].blocks} blocks"
+        )
     return 0
 
 

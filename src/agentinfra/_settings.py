@@ -31,6 +31,7 @@ __all__ = [
     "KVCacheConfig",
     "LogLevel",
     "Settings",
+    "format_size",
     "load_settings",
     "parse_bool",
     "parse_size",
@@ -61,6 +62,15 @@ _SIZE_UNITS: dict[str, int] = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def format_size(count: float) -> str:
+    """``count`` bytes for people: ``512 B``, ``1.5 KiB``, ``4.0 GiB`` (the units `parse_size` reads)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
 
 
 def parse_size(text: str, *, knob: str = "size") -> int:

@@ -84,6 +84,7 @@ EXPECTED: dict[str, list[str]] = {
         "replay",
         "smollm2_dir",
         "tenant_key",
+        "timed_chat",
         "tiny_llama",
         "unique_blocks",
         "vllm_python",

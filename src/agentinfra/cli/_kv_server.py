@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentinfra._settings import KVCacheConfig, load_settings, parse_size
+from agentinfra._settings import KVCacheConfig, format_size, load_settings, parse_size
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache import (
     CacheClient,
@@ -176,18 +176,10 @@ def stats_command(
     table = Table("tier", "blocks", "used", "hits", "misses", "evictions", "read", "written")
     for tier in stats["tiers"]:
         table.add_row(
-            tier["name"], str(tier["blocks"]), _bytes(tier["used_bytes"]), str(tier["hits"]),
-            str(tier["misses"]), str(tier["evictions"]), _bytes(tier["bytes_read"]), _bytes(tier["bytes_written"]),
+            tier["name"], str(tier["blocks"]), format_size(tier["used_bytes"]), str(tier["hits"]),
+            str(tier["misses"]), str(tier["evictions"]), format_size(tier["bytes_read"]), format_size(tier["bytes_written"]),
         )  # fmt: skip
     console.print(table)
-
-
-def _bytes(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024  # type: ignore[assignment]
-    return str(count)
 
 
 def explain_command(

@@ -67,6 +67,7 @@ from agentinfra.kvcache._vllm_serve import (
     VllmServer,
     hermes_chat_template,
     smollm2_dir,
+    timed_chat,
     vllm_python,
 )
 
@@ -135,6 +136,7 @@ __all__ = [
     "replay",
     "smollm2_dir",
     "tenant_key",
+    "timed_chat",
     "tiny_llama",
     "unique_blocks",
     "vllm_python",

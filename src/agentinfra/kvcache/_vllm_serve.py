@@ -22,6 +22,7 @@ import urllib.request
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from agentinfra.errors import ConfigError
 
@@ -30,11 +31,18 @@ __all__ = [
     "VllmServer",
     "hermes_chat_template",
     "smollm2_dir",
+    "timed_chat",
     "vllm_python",
 ]
 
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The name the prepared SmolLM2 checkpoint is served under (`smollm2_dir`)."""
+
+
+def _vllm_python_path() -> Path:
+    return Path(
+        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
+    )
 
 
 def vllm_python() -> Path:
@@ -43,9 +51,7 @@ def vllm_python() -> Path:
     Raises:
         ConfigError: there is none.
     """
-    path = Path(
-        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
-    )
+    path = _vllm_python_path()
     if not path.exists():
         raise ConfigError(
             f"no vLLM interpreter at {path}: run `make vllm-venv`, or set AGENTINFRA_VLLM_PYTHON"
@@ -59,10 +65,7 @@ def smollm2_dir(*, check: bool = True) -> Path:
     Raises:
         ConfigError: ``check`` and it is not there.
     """
-    python = Path(
-        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
-    )
-    path = python.parent.parent / "models" / "smollm2-135m-instruct"
+    path = _vllm_python_path().parent.parent / "models" / "smollm2-135m-instruct"
     if check and not (path / "agentinfra-model.json").is_file():
         raise ConfigError(f"no prepared SmolLM2 at {path}: run `make smollm2`")
     return path
@@ -73,6 +76,37 @@ def hermes_chat_template() -> Path:
     return Path(
         str(resources.files("agentinfra.kvcache") / "templates" / "chatml_hermes_tools.jinja")
     )
+
+
+def timed_chat(
+    client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int, **extra: Any
+) -> dict[str, Any]:
+    """One greedy, streamed chat completion through an ``openai.OpenAI`` client, timed by the caller's clock.
+
+    Returns the answer, the time to the first streamed token and in all, and the server's
+    prompt, completion and cached token counts (vLLM reports cached tokens with
+    ``--enable-prompt-tokens-details``). ``extra`` goes in the request body (``ignore_eos``).
+    """
+    started = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    usage = None
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True,
+        stream_options={"include_usage": True}, extra_body=extra or None,
+    ):  # fmt: skip
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first if first is not None else time.perf_counter() - started
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    details = getattr(usage, "prompt_tokens_details", None)
+    return {
+        "answer": "".join(parts).strip(), "ttft_s": first, "total_s": time.perf_counter() - started,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+        "cached_tokens": int(getattr(details, "cached_tokens", 0) or 0),
+    }  # fmt: skip
 
 
 def _free_port() -> int:

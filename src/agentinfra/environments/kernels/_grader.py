@@ -122,9 +122,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from agentinfra._settings import format_size
 from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import (
+    MAX_REPLY_BYTES,
     CpuSample,
     SandboxLimits,
     WorkerDiedError,
@@ -162,8 +164,6 @@ _CI_STOP = 0.05
 """A slow problem's timing stops once the speedup's 95% interval is within this fraction of its median."""
 _RUNTIME_BYTES = 1 << 30
 """Address space a worker holds for Python and torch before any problem data (measured: ~0.6 GiB)."""
-_MAX_REPLY_BYTES = 4 << 30
-"""The largest frame the supervisor reads from a worker (`_sandbox`)."""
 _PEAKS: dict[tuple[str, int], dict[str, float]] = {}
 _SELF_CHECK: dict[tuple[str, str], str | None] = {}
 """(problem sha256, device) -> None for a reference that agrees with itself, else the random modules'
@@ -403,15 +403,15 @@ class _Grading:
                 f"limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise it, "
                 "or shrink the problem's sizes"
             )
-        if inputs is not None and output is not None and inputs + output > _MAX_REPLY_BYTES:
+        if inputs is not None and output is not None and inputs + output > MAX_REPLY_BYTES:
             raise self._blame_problem(
                 f"problem too large for the grader's wire: one input set and its output are {_size(inputs + output)} "
-                f"({parts}), over the {_size(_MAX_REPLY_BYTES)} frame the reference sends them in: shrink the "
+                f"({parts}), over the {_size(MAX_REPLY_BYTES)} frame the reference sends them in: shrink the "
                 "problem's sizes to grade it here"
             )
-        if output is not None and output > _MAX_REPLY_BYTES:
+        if output is not None and output > MAX_REPLY_BYTES:
             raise self._blame_problem(
-                f"problem output too large: {_size(output)} per call, over the grader's {_size(_MAX_REPLY_BYTES)} "
+                f"problem output too large: {_size(output)} per call, over the grader's {_size(MAX_REPLY_BYTES)} "
                 f"reply frame (outputs are compared whole by the supervisor; {parts}): shrink the problem's "
                 "sizes to grade it here"
             )
@@ -953,14 +953,11 @@ class _Grading:
         baseline = statistics.median(ref_times)
         candidate = statistics.median(cand_times)
         ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
-        boot = sorted(
-            statistics.median(self.rng.choices(ratios, k=len(ratios))) for _ in range(400)
-        )
         self.timing = {
             "baseline_ms": baseline * 1e3,
             "candidate_ms": candidate * 1e3,
             "speedup": statistics.median(ratios),
-            "speedup_ci": (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]),
+            "speedup_ci": _bootstrap_ci(ratios, self.rng, 400),
         }
         floor = 0.0
         if self.meta.flops and peaks.get("flops_per_s"):
@@ -1074,22 +1071,22 @@ def _utilisation(
     )  # fmt: skip
 
 
+def _bootstrap_ci(ratios: list[float], rng: random.Random, resamples: int) -> tuple[float, float]:
+    """The 95% bootstrap interval of the median of ``ratios``."""
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
+
+
 def _interval_tight(ref_times: list[float], cand_times: list[float], rng: random.Random) -> bool:
     """Whether the speedup's bootstrap 95% interval is within ``_CI_STOP`` of its median."""
     ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
     middle = statistics.median(ratios)
-    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(200))
-    low, high = boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
+    low, high = _bootstrap_ci(ratios, rng, 200)
     return middle > 0 and (high - low) / 2 <= _CI_STOP * middle
 
 
 def _size(count: int | None) -> str:
-    if count is None:
-        return "unknown"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f} {unit}"
-    return f"{count} B"
+    return "unknown" if count is None else format_size(count)
 
 
 def _available_memory() -> int | None:

@@ -69,7 +69,8 @@ __all__ = [
     "worker_jail",
 ]
 
-_MAX_REPLY = 4 << 30
+MAX_REPLY_BYTES = 4 << 30
+"""The largest frame the supervisor reads from a worker."""
 
 
 class WorkerTimeoutError(Exception):
@@ -300,7 +301,7 @@ class WorkerProcess:
     def receive(self, *, timeout_s: float) -> Frame:
         self._reader.deadline = time.monotonic() + timeout_s
         try:
-            return read_frame(self._reader, max_payload_bytes=_MAX_REPLY)  # type: ignore[arg-type]
+            return read_frame(self._reader, max_payload_bytes=MAX_REPLY_BYTES)  # type: ignore[arg-type]
         except WireError as exc:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=2)
