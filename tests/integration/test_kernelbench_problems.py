@@ -84,3 +84,10 @@ def test_a_slow_problem_times_fewer_calls_and_says_how_many(tmp_path: Path) -> N
     assert 5 <= verdict.timed_calls < 20  # the full plan times 20 batches of several calls
     assert verdict.speedup is not None
     assert 0.7 < verdict.speedup < 1.4
+
+
+def test_a_problem_whose_own_code_fails_blames_the_problem(tmp_path: Path) -> None:
+    verdict = grade_identity("broken_reference.py", tmp_path)
+    assert verdict.outcome is Outcome.GRADER_ERROR
+    assert checks(verdict) == {"problem"}
+    assert "the problem's own code failed in gen" in (verdict.error or "")

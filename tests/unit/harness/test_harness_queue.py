@@ -163,3 +163,26 @@ def test_a_crashing_evaluation_is_recorded_as_grader_error(tmp_path: Path) -> No
     assert stored.outcome is Outcome.GRADER_ERROR
     assert stored.error == "RuntimeError: disk on fire"
     assert run.primary_evaluation(receipt.sha256) == stored
+
+
+def test_a_serving_run_journals_the_machine_and_says_which_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentinfra.harness._harness as harness_module
+
+    monkeypatch.setattr(harness_module, "MACHINE_SAMPLE_S", 0.02)
+    run, env = make(tmp_path)
+    env.device = "cuda"  # type: ignore[attr-defined]  # no NVML here: the CPU, with the reason
+
+    async def serve_briefly() -> None:
+        stop = asyncio.Event()
+        serving = asyncio.create_task(RunHarness(run, env, eval_workers=1).serve(poll_s=0.01, stop=stop))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await serving
+
+    asyncio.run(serve_briefly())
+    samples = [e.data for e in run.journal.events if e.type == "machine_sample"]
+    assert samples
+    assert all(s["source"] == "proc" and 0.0 <= s["cpu_busy"] <= 1.0 for s in samples)
+    assert "NVML unavailable" in samples[0]["note"]
