@@ -176,7 +176,9 @@ def test_a_serving_run_journals_the_machine_and_says_which_source(
 
     async def serve_briefly() -> None:
         stop = asyncio.Event()
-        serving = asyncio.create_task(RunHarness(run, env, eval_workers=1).serve(poll_s=0.01, stop=stop))
+        serving = asyncio.create_task(
+            RunHarness(run, env, eval_workers=1).serve(poll_s=0.01, stop=stop)
+        )
         await asyncio.sleep(0.3)
         stop.set()
         await serving
