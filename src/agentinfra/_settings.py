@@ -156,6 +156,8 @@ class GraderConfig:
     """Torch intra-op threads for both sides when timing on CPU (AGENTINFRA_GRADER_THREADS)."""
     device: str = "cpu"
     """Where runs grade kernels: cpu or cuda (AGENTINFRA_GRADER_DEVICE); a cuda run's machine samples come from NVML."""
+    fork_server: bool = True
+    """Fork CPU grading workers from a zygote with torch imported (AGENTINFRA_GRADER_FORK_SERVER)."""
 
     def __post_init__(self) -> None:
         _require(
@@ -270,6 +272,7 @@ _KNOWN = frozenset(
         "GRADER_MAX_PROCESSES",
         "GRADER_THREADS",
         "GRADER_DEVICE",
+        "GRADER_FORK_SERVER",
         "RUNS_DIR",
         "EVAL_WORKERS",
         "AGENT_CONCURRENCY",
@@ -313,6 +316,10 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             max_processes=_int(env, "GRADER_MAX_PROCESSES", defaults.grader.max_processes),
             threads=_int(env, "GRADER_THREADS", defaults.grader.threads),
             device=env.get(ENV_PREFIX + "GRADER_DEVICE", defaults.grader.device),
+            fork_server=parse_bool(
+                env.get(ENV_PREFIX + "GRADER_FORK_SERVER", "1"),
+                knob=ENV_PREFIX + "GRADER_FORK_SERVER",
+            ),
         ),
         harness=HarnessConfig(
             runs_dir=_path(env, "RUNS_DIR") or defaults.harness.runs_dir,

@@ -7,6 +7,7 @@ processes, real namespaces where the machine allows).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -288,3 +289,24 @@ def test_concurrent_gradings_with_the_same_seed_all_pass() -> None:
         return [v.outcome for v in verdicts]
 
     assert asyncio.run(together()) == [Outcome.PASSED] * 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("submission", "expected"),
+    [(SUBMISSIONS / "02_softmax_manual.py", Outcome.PASSED), (CHEATS / "pool_tamper.py", Outcome.PASSED),
+     (CHEATS / "zeros.py", Outcome.FAILED)],
+    ids=lambda value: getattr(value, "stem", str(value)),
+)  # fmt: skip
+def test_workers_started_without_the_fork_server_grade_alike(
+    submission: Path, expected: Outcome
+) -> None:
+    """The exec path (``fork_server=False``; CUDA and machines without namespaces take it too)."""
+    verdict = grade(
+        PROBLEMS / "02_softmax.py", submission, dataclasses.replace(QUICK, fork_server=False)
+    )
+    assert verdict.outcome is expected, verdict.model_dump_json(indent=1)
+    if expected is Outcome.PASSED:
+        assert verdict.speedup is not None
+        assert verdict.speedup < 1.5
+    assert sandbox_uids() == set(), "a candidate process outlived its grading"

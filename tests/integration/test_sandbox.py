@@ -6,7 +6,9 @@ that reports what it can see as JSON on stdout.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import secrets
 import shutil
 import socket
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from agentinfra.sandbox import (
+    ForkServer,
     JailLimits,
     JailSpec,
     probe_sandbox_mode,
@@ -69,6 +72,7 @@ print(json.dumps({
     'limits': open('/proc/self/limits').read(),
     'files': open('/opt/tool/generated.txt').read(),
     'allowed_under_tmp': open(sys.argv[3]).read(),
+    'fds': sorted(int(fd) for fd in os.listdir('/proc/self/fd')),
 }))
 """
 
@@ -98,7 +102,44 @@ def planted() -> Iterator[list[Path]]:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_jail(tmp_path: Path, planted: list[Path], **changes: object) -> dict[str, object]:
+FORK_TARGET = """
+import json, sys
+def main():
+    sys.argv = ['probe', *json.load(open('/opt/tool/args.json'))]
+    exec(compile(REPORT, 'probe', 'exec'), {'__name__': '__main__'})
+"""
+
+
+def _fork_launch(tmp_path: Path, spec: JailSpec) -> subprocess.CompletedProcess[str]:
+    """The same jail forked by a `ForkServer` whose target runs `REPORT` (argv from a generated file)."""
+    module = tmp_path / "jailprobe.py"
+    module.write_text(f"REPORT = {REPORT!r}\n{FORK_TARGET}")
+    args = ("/opt/tool/args.json", json.dumps(list(spec.argv[4:])))
+    spec = dataclasses.replace(
+        spec, files=(*spec.files, args), ro_paths=(*spec.ro_paths, str(module))
+    )
+    server = ForkServer(
+        preload=(("jailprobe", str(module)),), target="jailprobe:main",
+        env=spec.env, log_path=tmp_path / "forkserver.log",
+    )  # fmt: skip
+    read, write = os.pipe()
+    try:
+        process = server.spawn(config=spec.config(MODE), mode=MODE, fds=(), stderr_fd=write)
+        os.close(write)
+        with os.fdopen(read) as output:
+            text = output.read()
+        code = process.wait(timeout=60)
+    finally:
+        server.close()
+    out, _, err = text.partition("\n")
+    return subprocess.CompletedProcess(
+        [], code, out if code == 0 else "", err if code == 0 else text
+    )
+
+
+def run_jail(
+    tmp_path: Path, planted: list[Path], launch: str = "exec", **changes: object
+) -> dict[str, object]:
     given = tmp_path / "given.txt"
     given.write_text("handed in")
     allowed = tmp_path / "allowed.txt"  # under the host's /tmp, as a checkout or venv may be
@@ -116,8 +157,12 @@ def run_jail(tmp_path: Path, planted: list[Path], **changes: object) -> dict[str
         **changes,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
-        done = subprocess.run(
-            spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
+        done = (
+            subprocess.run(
+                spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
+            )
+            if launch == "exec"
+            else _fork_launch(tmp_path, spec)
         )
     finally:
         server.close()
@@ -125,10 +170,17 @@ def run_jail(tmp_path: Path, planted: list[Path], **changes: object) -> dict[str
     return json.loads(done.stdout)
 
 
-def test_the_jail_root_holds_only_the_allowlist(tmp_path: Path, planted: list[Path]) -> None:
+LAUNCHES = pytest.mark.parametrize("launch", ["exec", "fork"])
+"""Each jail started by ``unshare`` and a new interpreter, and forked by a `ForkServer`: the same jail."""
+
+
+@LAUNCHES
+def test_the_jail_root_holds_only_the_allowlist(
+    tmp_path: Path, planted: list[Path], launch: str
+) -> None:
     for path in planted:
         assert path.exists(), f"{path} should be readable outside the jail"
-    seen = run_jail(tmp_path, planted)
+    seen = run_jail(tmp_path, planted, launch)
     allowed_tops = {p.split("/")[1] for p in RUNTIME} | {"dev", "etc", "proc", "tmp", "opt"}
     assert set(seen["root"]) <= allowed_tops, seen["root"]  # type: ignore[arg-type]
     assert "home" not in seen["root"]
@@ -136,6 +188,9 @@ def test_the_jail_root_holds_only_the_allowlist(tmp_path: Path, planted: list[Pa
     assert "mnt" not in seen["root"]
     assert seen["readable"] == [], "host files visible in the jail"
     assert seen["etc"] == ["group", "ld.so.cache", "passwd"]
+    assert seen["fds"] == [0, 1, 2, 3], (
+        "descriptors beyond stdio and the probe's own listing leaked in"
+    )
     assert seen["dev"] == [
         "fd",
         "full",
@@ -154,8 +209,9 @@ def test_the_jail_root_holds_only_the_allowlist(tmp_path: Path, planted: list[Pa
     assert not seen["network"]
 
 
-def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path]) -> None:
-    seen = run_jail(tmp_path, planted)
+@LAUNCHES
+def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path], launch: str) -> None:
+    seen = run_jail(tmp_path, planted, launch)
     expected_uid = UID if MODE == "namespaces+uid" else 0
     assert (seen["uid"], seen["gid"]) == (expected_uid, expected_uid)
     assert seen["groups"] == [] or MODE == "userns"
@@ -175,14 +231,17 @@ def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path]) -> 
     assert "Max core file size        0" in limits
 
 
-def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(tmp_path: Path) -> None:
+@LAUNCHES
+def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(tmp_path: Path, launch: str) -> None:
     marker = tmp_path / "ran"
     spec = JailSpec(
         argv=(sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w')"),
         env={}, uid=UID, ro_paths=RUNTIME, copy_in=((str(tmp_path / "missing.py"), "x.py"),),
     )  # fmt: skip
-    done = subprocess.run(
-        spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
+    done = (
+        subprocess.run(spec.command(MODE), capture_output=True, text=True, timeout=60, check=False)
+        if launch == "exec"
+        else _fork_launch(tmp_path, spec)
     )
     assert done.returncode == 125
     assert done.stderr.startswith("agentinfra jail: ")

@@ -241,6 +241,9 @@ EXPECTED: dict[str, list[str]] = {
         "support",
     ],
     "agentinfra.sandbox": [
+        "ForkServer",
+        "ForkServerError",
+        "ForkedProcess",
         "JailLimits",
         "JailSpec",
         "SandboxMode",

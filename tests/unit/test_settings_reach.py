@@ -39,6 +39,7 @@ COVERED = {
     "AGENTINFRA_GRADER_MAX_PROCESSES": "test_grader_variables_reach_grading_options",
     "AGENTINFRA_GRADER_THREADS": "test_grader_variables_reach_grading_options",
     "AGENTINFRA_GRADER_DEVICE": "test_grader_variables_reach_grading_options",
+    "AGENTINFRA_GRADER_FORK_SERVER": "test_grader_variables_reach_grading_options",
     "AGENTINFRA_RUNS_DIR": "test_runs_dir_and_agent_settings_reach_run",
     "AGENTINFRA_AGENT_CONCURRENCY": "test_runs_dir_and_agent_settings_reach_run",
     "AGENTINFRA_AGENT_REQUEST_TIMEOUT_S": "test_runs_dir_and_agent_settings_reach_run",
@@ -108,14 +109,14 @@ def test_kv_block_size_reaches_explain(tmp_path: Path) -> None:
 def test_grader_variables_reach_grading_options(tmp_path: Path) -> None:
     env = {"AGENTINFRA_GRADER_TIMEOUT_S": "33", "AGENTINFRA_GRADER_MEMORY": "1GiB",
            "AGENTINFRA_GRADER_MAX_PROCESSES": "17", "AGENTINFRA_GRADER_THREADS": "2",
-           "AGENTINFRA_GRADER_DEVICE": "cuda"}  # fmt: skip
+           "AGENTINFRA_GRADER_DEVICE": "cuda", "AGENTINFRA_GRADER_FORK_SERVER": "off"}  # fmt: skip
     spec = start_spec(
         "r", "kernels", PROBLEM, 1.0, load_settings(env).grader
     )  # what `start` stores
     stored = GraderSettings.model_validate(json.loads(spec.model_dump_json())["grader"])
     options = GradeOptions.from_settings(stored, seed=None)  # what each of the run's gradings uses
     assert (options.timeout_s, options.memory_limit_bytes, options.max_processes, options.threads,
-            options.device) == (33.0, 1 << 30, 17, 2, "cuda")  # fmt: skip
+            options.device, options.fork_server) == (33.0, 1 << 30, 17, 2, "cuda", False)  # fmt: skip
 
 
 def test_runs_dir_and_agent_settings_reach_run(tmp_path: Path) -> None:

@@ -146,6 +146,8 @@ class GraderSettings(BaseModel):
     max_processes: int = Field(default=64, ge=1)
     device: Literal["cpu", "cuda"] = "cpu"
     """Where kernels are graded (AGENTINFRA_GRADER_DEVICE)."""
+    fork_server: bool = True
+    """Fork CPU workers from a zygote with torch imported (AGENTINFRA_GRADER_FORK_SERVER)."""
 
     @classmethod
     def from_config(cls, config: GraderConfig, **overrides: Any) -> GraderSettings:
@@ -156,6 +158,7 @@ class GraderSettings(BaseModel):
             "memory_limit_bytes": config.memory_limit_bytes,
             "max_processes": config.max_processes,
             "device": config.device,
+            "fork_server": config.fork_server,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

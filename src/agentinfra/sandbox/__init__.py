@@ -10,6 +10,7 @@ same `JailSpec`. Importing this package costs only the standard library.
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
+from agentinfra.sandbox._forkserver import ForkedProcess, ForkServer, ForkServerError
 from agentinfra.sandbox._spec import (
     JailLimits,
     JailSpec,
@@ -21,6 +22,9 @@ from agentinfra.sandbox._spec import (
 from agentinfra.sandbox._uids import UID_RANGE, UidExhaustedError, kill_uid, reserve_uid
 
 __all__ = [
+    "ForkServer",
+    "ForkServerError",
+    "ForkedProcess",
     "JailLimits",
     "JailSpec",
     "SandboxMode",

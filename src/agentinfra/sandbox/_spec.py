@@ -78,12 +78,12 @@ class JailSpec:
     ptys: bool = False
     """A private ``/dev/pts`` (its own devpts instance) and ``/dev/ptmx``, for terminals."""
 
-    def command(self, mode: SandboxMode) -> list[str]:
-        """The command line that builds this jail and runs ``argv`` in it (``mode``: a namespace mode)."""
+    def config(self, mode: SandboxMode) -> dict[str, object]:
+        """What the jail builder (`_jail.build_root`) reads: this spec as JSON-ready data."""
         if mode not in ("namespaces+uid", "userns"):
             raise ValueError(f"a jail needs namespaces; sandbox mode is {mode!r}")
         limits = self.limits
-        config = {
+        return {
             "uid": self.uid if mode == "namespaces+uid" else 0,
             "ro_paths": list(self.ro_paths),
             "binds": [list(b) for b in self.binds],
@@ -105,6 +105,10 @@ class JailSpec:
             "shell": self.shell,
             "ptys": self.ptys,
         }  # fmt: skip
+
+    def command(self, mode: SandboxMode) -> list[str]:
+        """The command line that builds this jail and runs ``argv`` in it (``mode``: a namespace mode)."""
+        config = self.config(mode)
         flags = [] if mode == "namespaces+uid" else ["--user", "--map-root-user"]
         return ["unshare", *flags, "--pid", "--fork", "--kill-child", "--net", "--mount", "--mount-proc",
                 "--propagation", "private", sys.executable, "-I", "-m", "agentinfra.sandbox._jail",

@@ -30,8 +30,15 @@ Covered:
   comparison runs here, on bytes copied out of the candidate when each call returns.
 - Timing: batches of calls timed with this process's monotonic clock, minus the
   measured round-trip of an empty batch; every timed call gets fresh inputs from
-  a pool that is never reused; every timed output is committed (hash) before
-  the batch returns and a secret random subset is audited against the reference,
+  a pool that is never reused. The pool travels as a file, not through pipes:
+  a memfd made here per grading, sent to the reference over a Unix socket, filled
+  by it from secret seeds, then sealed here (no write, resize or further seal, by
+  anyone) before the candidate receives a descriptor of it; each worker reads a
+  private copy. (A memfd can be reopened writable through ``/proc/self/fd``, so
+  the seal, not the read-only descriptor, is what holds; the corpus' ``pool_tamper``
+  tries both.) Every timed output is committed (hash) before
+  the batch returns and a secret random subset is audited against the
+  reference's output for the same inputs, fetched from its timed batch,
   so call counting, replay, stale buffers and caller sniffing fail. The
   reference is timed in its own clean process with the same method, interleaved
   A B A B, and the speedup is a median with a bootstrap confidence interval.
@@ -61,6 +68,16 @@ Covered:
   self-check result and one call's time. All come from the reference worker (the
   problem's own code, never a submission) and live as long as the process; a
   candidate cannot write to them, and a changed problem file has another hash.
+- Reused across gradings: one fork server per thread count (`worker_fork_server`,
+  CPU, where namespaces exist; ``fork_server=False`` or
+  ``AGENTINFRA_GRADER_FORK_SERVER=0`` turns it off), a process that imported
+  torch, numpy, xxhash and the worker modules and ran one computation on torch's
+  meta device, for as long as this process lives. Every worker, reference and
+  candidate alike, is a fresh fork of it into a fresh jail (namespaces, root,
+  uid, limits: the same as a new interpreter gets). The zygote runs no problem or
+  submission code and never reads a request (the forked child reads its own), so
+  there is nothing in it for a candidate to poison or find; a candidate's writes
+  land in its own copy-on-write memory and die with it.
 
 Problems, not candidates, are blamed for what is the problem's (KernelBench's own
 problems load unchanged, and some are random or too large for the machine):
@@ -107,14 +124,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import os
 import random
 import secrets
 import shutil
 import signal
+import socket
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +148,12 @@ from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_m
 from agentinfra.environments.kernels._sandbox import (
     MAX_REPLY_BYTES,
     CpuSample,
+    ForkServerError,
     SandboxLimits,
     WorkerDiedError,
     WorkerProcess,
     WorkerTimeoutError,
+    worker_fork_server,
 )
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
@@ -144,7 +166,7 @@ from agentinfra.environments.kernels._verdict import (
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
 from agentinfra.errors import ConfigError, TaskEnvironmentError
-from agentinfra.sandbox import UidExhaustedError, probe_sandbox_mode, reserve_uid
+from agentinfra.sandbox import ForkServer, UidExhaustedError, probe_sandbox_mode, reserve_uid
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
@@ -189,6 +211,9 @@ class GradeOptions:
     seed: int | None = None
     """Master secret seed; fresh from the OS when None. Fixed only for agent-visible checks."""
     measure_speed: bool = True
+    fork_server: bool = True
+    """Fork CPU workers from a process-wide zygote that has torch imported (`worker_fork_server`),
+    instead of starting two interpreters per grading; the jail is the same either way."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -209,7 +234,11 @@ class GradeOptions:
     def from_settings(cls, settings: GraderSettings, **overrides: Any) -> GradeOptions:
         """The one conversion from a run's `GraderSettings` (and so from ``AGENTINFRA_GRADER_*``)."""
         given = {k: v for k, v in overrides.items() if v is not None or k == "seed"}
-        values: dict[str, Any] = {"device": settings.device, **given}
+        values: dict[str, Any] = {
+            "device": settings.device,
+            "fork_server": settings.fork_server,
+            **given,
+        }
         return cls(
             threads=settings.threads, timeout_s=settings.timeout_s, timing_pairs=settings.timing_pairs,
             correctness_seeds=settings.correctness_seeds, memory_limit_bytes=settings.memory_limit_bytes,
@@ -305,11 +334,14 @@ class _Grading:
         self.timed_calls: int | None = None
         self.reference_call_s: float | None = None
         self.eval_mode = False
+        self._pool_fds: list[int] = []
+        """The pool file, writable (the reference's) and read-only (the candidate's)."""
+        self._fd_sockets: list[socket.socket] = []
+        """Our ends of the Unix sockets that carry the pool file to the reference and the candidate."""
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
-        cpus = sorted(os.sched_getaffinity(0))
-        self.cpus = tuple(cpus[: options.threads]) if len(cpus) >= options.threads else tuple(cpus)
+        self.cpus = _claim_cpus(options.threads)
 
     def _add(self, finding: Finding) -> None:
         """Records a finding; a runtime check that fires on every call is kept three times."""
@@ -352,15 +384,48 @@ class _Grading:
                 Outcome.HACK_FLAGGED,
                 "not run: it signals processes and this machine has no namespaces to contain it",
             )
-        self.reference = WorkerProcess.start(
-            workdir=self.private / "reference", role="reference", limits=self._limits(),
-            program=self.private / "problem.py", uid=self._worker_uid(), device=self.options.device,
-        )  # fmt: skip
-        self.candidate = WorkerProcess.start(
-            workdir=self.private / "candidate", role="candidate", limits=self._limits(),
-            program=self.private / "submission.py", uid=self._worker_uid(), device=self.options.device,
-        )  # fmt: skip
+        server = self._fork_server()
+        sockets = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(2)]
+        self._fd_sockets = [ours for ours, _ in sockets]
+        try:
+            self.reference = WorkerProcess.start(
+                workdir=self.private / "reference", role="reference", limits=self._limits(),
+                program=self.private / "problem.py", uid=self._worker_uid(), device=self.options.device,
+                fork_server=server, fd_socket=sockets[0][1].fileno(),
+            )  # fmt: skip
+            self.candidate = WorkerProcess.start(
+                workdir=self.private / "candidate", role="candidate", limits=self._limits(),
+                program=self.private / "submission.py", uid=self._worker_uid(), device=self.options.device,
+                fork_server=server, fd_socket=sockets[1][1].fileno(),
+            )  # fmt: skip
+        except ForkServerError as exc:
+            raise TaskEnvironmentError(
+                f"the grader's fork server failed: {exc}; grade with GradeOptions(fork_server=False) "
+                "(AGENTINFRA_GRADER_FORK_SERVER=0) to start workers without it"
+            ) from None
+        finally:
+            for _, theirs in sockets:
+                theirs.close()
         self.deadline = time.monotonic() + self.options.timeout_s
+
+    def _seal_pool_file(self, fd: int, size: int) -> None:
+        """No write, resize or further seal from here on, by anyone holding it; the size is the
+        reference's account. Only then does the candidate receive it: a memfd can be reopened
+        writable through ``/proc/self/fd``, so a read-only descriptor alone would not hold."""
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        if os.fstat(fd).st_size != size:
+            raise _StopGradingError(
+                Outcome.GRADER_ERROR, f"pool file holds {os.fstat(fd).st_size} bytes, not {size}"
+            )
+
+    def _fork_server(self) -> ForkServer | None:
+        """The zygote to fork workers from: CPU gradings in a namespace jail, unless turned off."""
+        if not self.options.fork_server or self.options.device != "cpu":
+            return None
+        if probe_sandbox_mode() not in ("namespaces+uid", "userns"):
+            return None
+        return worker_fork_server(self.threads)
 
     def start_reference(self) -> dict[str, Any]:
         assert self.reference is not None
@@ -702,18 +767,7 @@ class _Grading:
         if pool_size * entry_bytes > _POOL_BYTES_LIMIT:
             pairs = max(3, _POOL_BYTES_LIMIT // entry_bytes - warmup)
             pool_size = pairs + warmup
-        entries, expected = self._build_pool(pool_size)
-        tensors = [t for entry in entries for t in entry[1]]
-        encoded = self._reindex([e[0] for e in entries])
-        # The reference kept the inputs it generated (decoded from the same bytes): only the
-        # candidate's copy crosses a pipe.
-        pooled = self._reference_call({"op": "pool", "kept": True})
-        if pooled.header.get("size") != pool_size:
-            raise _StopGradingError(
-                Outcome.GRADER_ERROR,
-                f"reference pool has {pooled.header.get('size')} entries, not {pool_size}",
-            )
-        self._candidate_call({"op": "pool", "entries": encoded}, tensors, phase="pool")
+        self._share_pool(pool_size)
         order = list(range(pool_size))
         self.rng.shuffle(order)
         overhead_ref = self._empty_overhead(reference=True)
@@ -728,7 +782,7 @@ class _Grading:
             chunk = order[index * per_batch : (index + 1) * per_batch]
             ref_s = self._timed_batch_reference(chunk)
             cand_s, commits = self._timed_batch_candidate(chunk)
-            self._audit(chunk, commits, expected)
+            self._audit(chunk, commits)
             if index >= warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
@@ -764,41 +818,36 @@ class _Grading:
                 break
         return best
 
-    def _build_pool(
-        self, size: int
-    ) -> tuple[list[tuple[Any, list[TensorBytes]]], list[TensorBytes]]:
-        entries: list[tuple[Any, list[TensorBytes]]] = []
-        expected: list[TensorBytes] = []
-        for _ in range(size):
-            gen = self._reference_call(
-                {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {},
-                 "keep": True}
-            )  # fmt: skip
-            entries.append((gen.header["inputs"], gen.tensors[:-1]))
-            expected.append(gen.tensors[-1])
-        return entries, expected
+    def _share_pool(self, size: int) -> None:
+        """``size`` timing inputs from fresh secret seeds: the reference writes them into the pool
+        file, this process seals it, and each worker reads its own private copy from it."""
+        seeds = [self.rng.randrange(1 << 31) for _ in range(size)]
+        pool = os.memfd_create("agentinfra-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._pool_fds.append(pool)
+        self._send_fd(0, pool)
+        made = self._reference_call({"op": "pool_make", "seeds": seeds, "receive_fd": True})
+        self._seal_pool_file(pool, int(made.header["bytes"]))
+        shared = {
+            "op": "pool",
+            "shared": True,
+            "entries": made.header["entries"],
+            "specs": made.header["specs"],
+        }
+        pooled = self._reference_call(shared)
+        if pooled.header.get("size") != size:
+            raise _StopGradingError(
+                Outcome.GRADER_ERROR,
+                f"reference pool has {pooled.header.get('size')} entries, not {size}",
+            )
+        readonly = os.open(f"/proc/self/fd/{pool}", os.O_RDONLY | os.O_CLOEXEC)
+        self._pool_fds.append(readonly)
+        self._send_fd(1, readonly)
+        self._candidate_call({**shared, "receive_fd": True}, phase="pool")
 
-    @staticmethod
-    def _reindex(encoded_entries: list[Any]) -> list[Any]:
-        """Renumbers per-entry tensor references into one flat list."""
-        offset = 0
-        count = 0
-        out: list[Any] = []
-
-        def shift(value: Any) -> Any:
-            nonlocal count
-            if isinstance(value, dict) and "__tensor__" in value:
-                count += 1
-                return {"__tensor__": offset + int(value["__tensor__"])}
-            if isinstance(value, list):
-                return [shift(v) for v in value]
-            return value
-
-        for entry in encoded_entries:
-            count = 0
-            out.append(shift(entry))
-            offset += count
-        return out
+    def _send_fd(self, worker: int, fd: int) -> None:
+        """``fd`` to the reference (0) or the candidate (1); a worker gone is noticed by its next frame."""
+        with contextlib.suppress(OSError):
+            socket.send_fds(self._fd_sockets[worker], [b"pool"], [fd])
 
     def _empty_overhead(self, *, reference: bool) -> float:
         samples = [
@@ -854,7 +903,9 @@ class _Grading:
             )
         return elapsed, [str(c) for c in commits]
 
-    def _audit(self, chunk: list[int], commits: list[str], expected: list[TensorBytes]) -> None:
+    def _audit(self, chunk: list[int], commits: list[str]) -> None:
+        """A secret subset of the batch's outputs against their commitments and the reference's
+        outputs for the same inputs (from its timed batch just before)."""
         positions = [
             p for p in range(len(chunk)) if self.rng.random() < self.options.audit_fraction
         ]
@@ -863,7 +914,8 @@ class _Grading:
         frame = self._candidate_call({"op": "fetch", "positions": positions}, phase="audit")
         if len(frame.tensors) != len(positions):
             raise _StopGradingError(Outcome.CRASHED, "candidate broke the audit protocol")
-        for position, got in zip(positions, frame.tensors, strict=True):
+        expected = self._reference_call({"op": "fetch", "positions": positions}).tensors
+        for position, got, want in zip(positions, frame.tensors, expected, strict=True):
             call = chunk[position]
             if digest(got) != commits[position]:
                 self._fail_audit(
@@ -871,7 +923,7 @@ class _Grading:
                     f"timed call {call}",
                 )
                 return
-            result = _compare(got, expected[call], self.meta)
+            result = _compare(got, want, self.meta)
             if not result.ok:
                 self._fail_audit(
                     "a timed call's output was wrong although the correctness checks passed (correct only while checked)",
@@ -1026,6 +1078,12 @@ class _Grading:
                 with contextlib.suppress(Exception):
                     worker.kill()
         shutil.rmtree(self.private, ignore_errors=True)
+        while self._pool_fds:
+            os.close(self._pool_fds.pop())
+        for sock in self._fd_sockets:
+            sock.close()
+        _release_cpus(self.cpus)
+        self.cpus = ()
         while self._uid_locks:  # after the kill: the uids' processes are gone
             os.close(self._uid_locks.pop())
 
@@ -1104,6 +1162,34 @@ def _capped(error: str) -> str:
         return error
     half = (ERROR_LIMIT - 40) // 2
     return f"{error[:half]} [... {len(error) - 2 * half} characters cut ...] {error[-half:]}"
+
+
+_CPU_USERS: dict[int, int] = {}
+"""CPU -> gradings of this process pinned to it now."""
+_CPU_LOCK = threading.Lock()
+
+
+def _claim_cpus(threads: int) -> tuple[int, ...]:
+    """The ``threads`` CPUs with the fewest live gradings of this process (lowest numbers first).
+
+    Concurrent gradings (``--eval-workers``) get different cores where the machine has
+    them, so one grading's timed batches never share a core with another's work;
+    one grading at a time still runs on the first CPUs, as before.
+    """
+    with _CPU_LOCK:
+        allowed = sorted(os.sched_getaffinity(0))
+        chosen = tuple(
+            sorted(sorted(allowed, key=lambda cpu: (_CPU_USERS.get(cpu, 0), cpu))[:threads])
+        )
+        for cpu in chosen:
+            _CPU_USERS[cpu] = _CPU_USERS.get(cpu, 0) + 1
+    return chosen
+
+
+def _release_cpus(cpus: tuple[int, ...]) -> None:
+    with _CPU_LOCK:
+        for cpu in cpus:
+            _CPU_USERS[cpu] -= 1
 
 
 def _reserve_uid() -> tuple[int, int]:

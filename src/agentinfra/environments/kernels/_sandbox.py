@@ -30,6 +30,7 @@ agentinfra's whole package and its dependencies in the jail): ``_worker.py`` and
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import platform
@@ -38,6 +39,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +54,9 @@ from agentinfra.environments.kernels._wire import (
     read_frame,
 )
 from agentinfra.sandbox import (
+    ForkedProcess,
+    ForkServer,
+    ForkServerError,
     JailLimits,
     JailSpec,
     SandboxMode,
@@ -62,10 +68,12 @@ from agentinfra.sandbox import (
 
 __all__ = [
     "CpuSample",
+    "ForkServerError",
     "SandboxLimits",
     "WorkerDiedError",
     "WorkerProcess",
     "WorkerTimeoutError",
+    "worker_fork_server",
     "worker_jail",
 ]
 
@@ -193,12 +201,52 @@ def _scrubbed_env(threads: int, home: str) -> dict[str, str]:
     }
 
 
+_FORK_SERVERS: dict[tuple[int, str], ForkServer] = {}
+_FORK_SERVERS_LOCK = threading.Lock()
+
+
+def worker_fork_server(threads: int) -> ForkServer:
+    """The process-wide fork server for CPU workers with ``threads`` torch threads (started lazily).
+
+    Its zygote imports what every worker imports (torch, ``torch.distributions``,
+    which the size estimate reads, numpy, xxhash and the two worker modules) and
+    runs one computation on torch's meta device (`_worker.warm_up`), with the
+    worker's scrubbed environment, once per supervisor process; each worker
+    is then a fork into a fresh jail (`agentinfra.sandbox.ForkServer`).
+    """
+    key = (threads, sys.executable)
+    with _FORK_SERVERS_LOCK:
+        server = _FORK_SERVERS.get(key)
+        if server is None:
+            here = Path(__file__).resolve().parent
+            package = "agentinfra.environments.kernels"
+            log = (
+                Path(tempfile.gettempdir())
+                / f"agentinfra-forkserver-{os.getuid()}-{os.getpid()}-{threads}.log"
+            )
+            server = ForkServer(
+                preload=(("torch", ""), ("torch.distributions", ""), ("numpy", ""), ("xxhash", ""),
+                         (f"{package}._wire", str(here / "_wire.py")),
+                         (f"{package}._worker", str(here / "_worker.py")), (f"{package}._worker:warm_up", "")),
+                target=f"{package}._worker:serve", env=_scrubbed_env(threads, JAILED_WORKDIR), log_path=log,
+            )  # fmt: skip
+            _FORK_SERVERS[key] = server
+    return server
+
+
+@atexit.register
+def _close_fork_servers() -> None:
+    for server in list(_FORK_SERVERS.values()):
+        with contextlib.suppress(Exception):
+            server.close()
+
+
 class WorkerProcess:
     """One worker, reference or candidate, driven with blocking frames and deadlines."""
 
     def __init__(
         self,
-        process: subprocess.Popen[bytes],
+        process: subprocess.Popen[bytes] | ForkedProcess,
         to_worker: int,
         from_worker: int,
         mode: SandboxMode,
@@ -222,16 +270,26 @@ class WorkerProcess:
         program: Path,
         uid: int | None = None,
         device: str = "cpu",
+        fork_server: ForkServer | None = None,
+        fd_socket: int | None = None,
     ) -> WorkerProcess:
         """Starts a worker for ``role``, with ``program`` (problem or submission) in its workdir.
 
         Where namespaces work, both roles run in a jail (`worker_jail`); the
         candidate with ``limits``, the reference without. Otherwise the candidate
         gets resource limits only and the reference runs as a plain process.
+        With ``fork_server`` (a CPU jail) the worker is forked into its jail with
+        torch already imported instead of started as a new interpreter.
+        ``fd_socket`` (a Unix socket that later carries the timing inputs' file)
+        is passed on as the worker's third descriptor.
+
+        Raises:
+            ForkServerError: ``fork_server`` could not start the worker.
         """
         to_read, to_write = os.pipe()
         from_read, from_write = os.pipe()
-        fds = (str(to_read), str(from_write))
+        passed = (to_read, from_write) if fd_socket is None else (to_read, from_write, fd_socket)
+        fds = tuple(str(fd) for fd in passed)
         probed = probe_sandbox_mode()
         jailed = probed in ("namespaces+uid", "userns")
         mode: SandboxMode = probed if jailed or role == "candidate" else "none"
@@ -255,13 +313,26 @@ class WorkerProcess:
                 if role == "reference"
                 else env
             )
-        with open(stderr_path, "wb") as stderr:
-            process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, pass_fds=(to_read, from_write),
-                cwd=str(workdir), env=env, preexec_fn=preexec, start_new_session=True,
-            )  # fmt: skip
-        os.close(to_read)
-        os.close(from_write)
+        process: subprocess.Popen[bytes] | ForkedProcess
+        try:
+            with open(stderr_path, "wb") as stderr:
+                if jailed and fork_server is not None:
+                    process = fork_server.spawn(
+                        config=jail.config(mode), mode=mode, fds=passed, stderr_fd=stderr.fileno()
+                    )
+                else:
+                    process = subprocess.Popen(
+                        command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
+                        pass_fds=passed, cwd=str(workdir), env=env, preexec_fn=preexec,
+                        start_new_session=True,
+                    )  # fmt: skip
+        except BaseException:
+            for fd in (to_write, from_read):
+                os.close(fd)
+            raise
+        finally:
+            os.close(to_read)
+            os.close(from_write)
         return cls(process, to_write, from_read, mode, uid, stderr_path)
 
     def program_path(self, program: Path) -> str:

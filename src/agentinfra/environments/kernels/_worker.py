@@ -1,8 +1,13 @@
 """The worker: runs a reference problem or a candidate submission, one command at a time.
 
 Started by the supervisor as ``python -I -m agentinfra.environments.kernels._worker
-FD_IN FD_OUT`` (inside the sandbox for a candidate). It reads `_wire` frames
-from FD_IN and answers on FD_OUT. In a candidate process everything here may be
+FD_IN FD_OUT FD_SOCKET``, or forked into its jail by the grader's fork server, which
+calls `serve` with the same descriptors (inside the sandbox for a candidate). It
+reads `_wire` frames from FD_IN and answers on FD_OUT. FD_SOCKET (a Unix socket)
+delivers the timing inputs' file (a memfd) when a ``pool_make`` or ``pool`` frame
+says ``receive_fd``: writable for the reference, which fills it; the candidate's
+arrives only after the supervisor has sealed it against every write.
+In a candidate process everything here may be
 patched by the submission, so the supervisor trusts none of its answers: it
 compares output bytes itself, times batches with its own clock and audits
 committed output hashes.
@@ -12,9 +17,9 @@ inputs and output, from the problem built on torch's meta device, so nothing is
 allocated), ``load`` (build the model), ``mode`` (``eval``: both models in eval
 mode), ``gen`` (reference only: inputs and the expected output for a seed and
 variant; with ``repeat`` the output is computed twice on the same inputs, both
-returned; with ``keep`` the reference also keeps the inputs for a later ``pool``
-with ``kept``), ``call`` (one call on given inputs),
-``pool`` (store timing inputs), ``batch`` (timed calls, answers with a hash of
+returned), ``pool_make`` (reference only: the timing inputs of many seeds,
+written into the pool file), ``call`` (one call on given inputs),
+``pool`` (store timing inputs: from the sealed pool file, or from the frame), ``batch`` (timed calls, answers with a hash of
 each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
 FLOP/s and bandwidth), ``exit``.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import socket
 import sys
 import time
 import traceback
@@ -111,8 +117,10 @@ class Worker:
         self.module: Any = None
         self.model: Any = None
         self.pool: list[list[Any]] = []
-        self.kept: list[tuple[Any, list[TensorBytes]]] = []
-        """Inputs of ``gen`` calls marked ``keep`` (encoded), for a ``pool`` built from them."""
+        self.fd_socket: socket.socket | None = None
+        """Where the supervisor sends the pool file."""
+        self.pool_fd: int | None = None
+        """The pool file (a memfd the supervisor made): the reference writes it, both read it sealed."""
         self.last_outputs: list[Any] = []
         self.scratch: Any = None
         self.initial_state: dict[str, Any] | None = None
@@ -204,16 +212,17 @@ class Worker:
         with torch.no_grad():
             return self.model(*inputs)
 
-    def gen(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+    def _inputs(
+        self, seed: int, variant: str = "base", shape: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """The problem's ``get_inputs()`` under ``seed``, with ``shape`` overrides and ``variant`` applied."""
         torch = _torch()
-        header = frame.header
-        saved = {
-            k: getattr(self.module, k) for k in header.get("shape", {}) if hasattr(self.module, k)
-        }
+        shape = shape or {}
+        saved = {k: getattr(self.module, k) for k in shape if hasattr(self.module, k)}
         try:
-            for key, value in header.get("shape", {}).items():
+            for key, value in shape.items():
                 setattr(self.module, key, value)
-            torch.manual_seed(int(header["seed"]))
+            torch.manual_seed(seed)
             inputs = [
                 x.to(self.device) if isinstance(x, torch.Tensor) else x
                 for x in self.module.get_inputs()
@@ -221,7 +230,6 @@ class Worker:
         finally:
             for key, value in saved.items():
                 setattr(self.module, key, value)
-        variant = header.get("variant", "base")
         for index, value in enumerate(inputs):
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 if variant == "scaled":
@@ -230,6 +238,14 @@ class Worker:
                     inputs[index] = value + _VARIANT_SHIFT
                 elif variant == "sign_flipped":
                     inputs[index] = -value
+        return inputs
+
+    def gen(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        torch = _torch()
+        header = frame.header
+        inputs = self._inputs(
+            int(header["seed"]), header.get("variant", "base"), header.get("shape")
+        )
         output = self._call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
         self._sync()
         again = None
@@ -238,8 +254,6 @@ class Worker:
             self._sync()
         tensors: list[TensorBytes] = []
         encoded = encode_values(inputs, tensors)
-        if header.get("keep"):
-            self.kept.append((encoded, list(tensors)))
         finite = bool(torch.isfinite(output).all()) if output.is_floating_point() else True
         tensors.append(tensor_to_bytes(output))
         reply: dict[str, Any] = {"inputs": encoded, "finite": finite}
@@ -265,16 +279,62 @@ class Worker:
             return {"output_type": kind, "inputs_after": after}, []
         return {"output_type": kind, "inputs_after": after}, [tensor_to_bytes(output)]
 
+    def make_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        """Reference only: the base inputs of each seed, written back to back into the pool file.
+
+        Answers each entry's encoded structure and each tensor's ``[dtype, shape, offset]``;
+        the supervisor then seals the file and both workers read private copies (``pool``
+        with ``shared``), so the inputs never cross a pipe.
+        """
+        self._receive_pool_file(frame)
+        assert self.pool_fd is not None
+        torch = _torch()
+        entries: list[Any] = []
+        specs: list[list[Any]] = []
+        offset = 0
+        os.ftruncate(self.pool_fd, 0)
+        for seed in frame.header["seeds"]:
+            values: list[Any] = []
+            entries.append(_encode_refs(self._inputs(int(seed)), values, len(specs)))
+            for value in values:
+                plain = torch.Tensor.contiguous(torch.Tensor.cpu(value)).reshape(-1)
+                raw = (
+                    plain.to(torch.uint8) if plain.dtype == torch.bool else plain.view(torch.uint8)
+                ).numpy()
+                _pwrite_all(self.pool_fd, memoryview(raw), offset)
+                specs.append([str(plain.dtype).removeprefix("torch."), list(value.shape), offset])
+                offset += raw.nbytes
+        return {"entries": entries, "specs": specs, "bytes": offset}, []
+
     def store_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
-        if frame.header.get("kept"):  # the reference's kept inputs, decoded as a shipped pool is
-            self.pool = [decode_values(entry, tensors, self.device) for entry, tensors in self.kept]
-            self.kept = []
+        """Timing inputs: from the sealed pool file (``shared``: a private copy of each tensor) or the frame."""
+        if frame.header.get("shared"):
+            self._receive_pool_file(frame)
+            if self.pool_fd is None:
+                raise RuntimeError("no pool file was received")
+            tensors = [
+                _read_tensor(self.pool_fd, spec, self.device) for spec in frame.header["specs"]
+            ]
+            self.pool = [_decode_refs(entry, tensors) for entry in frame.header["entries"]]
         else:
             self.pool = [
                 decode_values(entry, frame.tensors, self.device)
                 for entry in frame.header["entries"]
             ]
         return {"size": len(self.pool)}, []
+
+    def _receive_pool_file(self, frame: Frame) -> None:
+        """With ``receive_fd``: the pool file sent on the descriptor socket just before this frame."""
+        if not frame.header.get("receive_fd"):
+            return
+        if self.fd_socket is None:
+            raise RuntimeError("this worker was started without a descriptor socket")
+        _, fds, _, _ = socket.recv_fds(self.fd_socket, 16, 1)
+        if not fds:
+            raise RuntimeError("no pool file arrived on the descriptor socket")
+        if self.pool_fd is not None:
+            os.close(self.pool_fd)
+        self.pool_fd = fds[0]
 
     def batch(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
         torch = _torch()
@@ -336,6 +396,55 @@ class Worker:
         return {"flops_per_s": 2 * size**3 / best, "bytes_per_s": 2 * big.numel() / copy}, []
 
 
+def warm_up() -> None:
+    """Run by the fork server's zygote before it forks: the first computation on torch's meta
+    device imports about 800 modules (the size estimate's first use cost 0.3-1 s per worker)."""
+    torch = _torch()
+    with torch.device("meta"):
+        (torch.rand(2, 3) + 0.1).log().sum(1)
+
+
+def _encode_refs(values: Any, tensors: list[Any], first: int) -> Any:
+    """`encode_values` for live tensors: each becomes ``{"__tensor__": first + its index}``."""
+    torch = _torch()
+    if isinstance(values, torch.Tensor):
+        tensors.append(values)
+        return {"__tensor__": first + len(tensors) - 1}
+    if isinstance(values, list | tuple):
+        return [_encode_refs(v, tensors, first) for v in values]
+    if values is None or isinstance(values, bool | int | float | str):
+        return values
+    raise TypeError(f"cannot pass a {type(values).__name__} between processes")
+
+
+def _decode_refs(values: Any, tensors: list[Any]) -> Any:
+    if isinstance(values, dict) and "__tensor__" in values:
+        return tensors[int(values["__tensor__"])]
+    if isinstance(values, list):
+        return [_decode_refs(v, tensors) for v in values]
+    return values
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data[: 1 << 30], offset)
+        data, offset = data[written:], offset + written
+
+
+def _read_tensor(fd: int, spec: list[Any], device: str) -> Any:
+    """A fresh tensor holding ``spec``'s ``[dtype, shape, offset]`` bytes of the pool file."""
+    torch = _torch()
+    name, shape, offset = str(spec[0]), [int(d) for d in spec[1]], int(spec[2])
+    tensor = torch.empty(shape, dtype=getattr(torch, name))
+    view = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    while view:
+        count = os.preadv(fd, [view[: 1 << 30]], offset)
+        if count <= 0:
+            raise ValueError(f"pool file ends before byte {offset}")
+        view, offset = view[count:], offset + count
+    return tensor.to(device) if device != "cpu" else tensor
+
+
 def _random_in_training(module: Any) -> bool:
     """Modules whose training-mode output is random: dropout of every kind, RReLU."""
     name = type(module).__name__
@@ -357,11 +466,13 @@ def _write_all(writer: Any, data: bytes) -> None:
         view = view[writer.write(view[: 1 << 30]) :]
 
 
-def serve(fd_in: int, fd_out: int) -> None:
+def serve(fd_in: int, fd_out: int, fd_socket: int | None = None) -> None:
     reader = os.fdopen(fd_in, "rb", buffering=1 << 20)
     writer = os.fdopen(fd_out, "wb", buffering=0)
     worker = Worker()
+    worker.fd_socket = None if fd_socket is None else socket.socket(fileno=fd_socket)
     handlers = {
+        "pool_make": worker.make_pool,
         "estimate": worker.estimate,
         "mode": worker.mode,
         "load": worker.load,
@@ -395,8 +506,9 @@ def serve(fd_in: int, fd_out: int) -> None:
 
 def main() -> None:
     fd_in, fd_out = int(sys.argv[1]), int(sys.argv[2])
+    fd_socket = int(sys.argv[3]) if len(sys.argv) > 3 else None
     sys.stdout = sys.stderr
-    serve(fd_in, fd_out)
+    serve(fd_in, fd_out, fd_socket)
     sys.stderr.flush()
     os._exit(0)
 
