@@ -67,13 +67,15 @@ def main() -> None:
     parser.add_argument("--eval-workers", type=int, default=2)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--label", default="")
+    parser.add_argument("--problems", default="", help="comma-separated problem names (default: all)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.jsonl")
     args = parser.parse_args()
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=ROOT, check=False).stdout.strip()  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory(prefix="agentinfra-throughput-") as folder:
-        for problem_name, submission_name in pairs():
+        chosen = [p for p in pairs() if not args.problems or p[0] in args.problems.split(",")]
+        for problem_name, submission_name in chosen:
             row = asyncio.run(grade_copies(
                 ROOT / "examples/kernels/problems" / f"{problem_name}.py",
                 ROOT / "examples/kernels/submissions" / f"{submission_name}.py",
