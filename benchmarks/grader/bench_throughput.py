@@ -67,7 +67,9 @@ def main() -> None:
     parser.add_argument("--eval-workers", type=int, default=2)
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--label", default="")
-    parser.add_argument("--problems", default="", help="comma-separated problem names (default: all)")
+    parser.add_argument(
+        "--problems", default="", help="comma-separated problem names (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.jsonl")
     args = parser.parse_args()
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
