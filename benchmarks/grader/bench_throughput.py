@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import agentinfra
 from agentinfra.environments import GraderSettings, Submission
 from agentinfra.harness import Budget, RunDirectory, RunHarness, RunSpec, open_environment
 
@@ -72,8 +73,9 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "throughput.jsonl")
     args = parser.parse_args()
+    # the checkout whose agentinfra was imported (another one under PYTHONPATH), not this file's
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=ROOT, check=False).stdout.strip()  # fmt: skip
+                              cwd=Path(agentinfra.__file__).parent, check=False).stdout.strip()  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory(prefix="agentinfra-throughput-") as folder:
         chosen = [p for p in pairs() if not args.problems or p[0] in args.problems.split(",")]

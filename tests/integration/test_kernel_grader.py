@@ -31,6 +31,7 @@ from agentinfra.environments.kernels import (
     probe_sandbox_mode,
 )
 from agentinfra.environments.kernels._sandbox import WORKER_DISTRIBUTIONS
+from agentinfra.errors import TaskEnvironmentError
 from agentinfra.sandbox import python_runtime_paths, system_library_paths
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,3 +311,19 @@ def test_workers_started_without_the_fork_server_grade_alike(
         assert verdict.speedup is not None
         assert verdict.speedup < 1.5
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
+
+
+def test_a_fork_server_that_fails_is_a_grader_error_naming_the_knob(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from agentinfra.environments.kernels import _grader
+    from agentinfra.sandbox import ForkServer
+
+    broken = ForkServer(preload=(("agentinfra_no_such_module", ""),), target="x:y", env={},
+                        log_path=tmp_path / "forkserver.log")  # fmt: skip
+    monkeypatch.setattr(_grader, "worker_fork_server", lambda threads: broken)
+    if _grader.probe_sandbox_mode() not in ("namespaces+uid", "userns"):
+        pytest.skip("no namespaces: workers are never forked")
+    with pytest.raises(TaskEnvironmentError, match="AGENTINFRA_GRADER_FORK_SERVER=0"):
+        grade(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", QUICK)
+    assert sandbox_uids() == set()

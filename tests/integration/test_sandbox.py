@@ -21,6 +21,7 @@ import pytest
 
 from agentinfra.sandbox import (
     ForkServer,
+    ForkServerError,
     JailLimits,
     JailSpec,
     probe_sandbox_mode,
@@ -114,7 +115,7 @@ def _fork_launch(tmp_path: Path, spec: JailSpec) -> subprocess.CompletedProcess[
     """The same jail forked by a `ForkServer` whose target runs `REPORT` (argv from a generated file)."""
     module = tmp_path / "jailprobe.py"
     module.write_text(f"REPORT = {REPORT!r}\n{FORK_TARGET}")
-    args = ("/opt/tool/args.json", json.dumps(list(spec.argv[4:])))
+    args = ("/opt/tool/args.json", json.dumps(list(spec.argv[4:])))  # after python -I -c REPORT
     spec = dataclasses.replace(
         spec, files=(*spec.files, args), ro_paths=(*spec.ro_paths, str(module))
     )
@@ -280,3 +281,14 @@ def test_the_python_runtime_is_the_interpreter_and_the_named_distributions_only(
     assert {"torch", "sympy", "filelock"} <= names  # declared dependencies follow
     assert "openai" not in names
     assert "pydantic" not in names
+
+
+def test_a_fork_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    server = ForkServer(
+        preload=(("agentinfra_no_such_module", ""),), target="agentinfra_no_such_module:main",
+        env={"PATH": "/usr/bin:/bin"}, log_path=tmp_path / "forkserver.log",
+    )  # fmt: skip
+    with pytest.raises(ForkServerError, match="No module named 'agentinfra_no_such_module'"):
+        server.start()
+    server.close()
+    assert not (tmp_path / "forkserver.log").exists(), "close leaves its log behind"

@@ -23,8 +23,8 @@ What a forked jail shares with the zygote, and why that adds no trust:
   capabilities and ``no_new_privs``; PR_SET_PDEATHSIG kills it with its parent.
 
 The zygote imports nothing of agentinfra's package (``__init__`` modules that pull
-in pydantic and friends): this module and `_jail` are loaded from their files
-under stub packages, as are the ``preload`` entries given as files. It exits when
+in pydantic and friends): this module is run from its file, and `_jail` and the
+``preload`` entries given as files are loaded from theirs under stub packages. It exits when
 its control socket closes (its owner died or called `ForkServer.close`).
 
 Protocol: the owner sends the zygote one byte and one socket per spawn (an
@@ -135,18 +135,12 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     def _boot(self) -> str:
-        """The zygote's program: this module loaded from its file (no package ``__init__``), then `zygote`."""
+        """The zygote's program: this module run from its file (no package ``__init__``), then `zygote`."""
         here = Path(__file__).resolve().parent
         preload = (("agentinfra.sandbox._jail", str(here / "_jail.py")), *self._preload)
         return (
-            "import importlib.util, sys, types\n"
-            "for _package in ('agentinfra', 'agentinfra.sandbox'):\n"
-            "    sys.modules[_package] = types.ModuleType(_package); sys.modules[_package].__path__ = []\n"
-            f"_spec = importlib.util.spec_from_file_location('agentinfra.sandbox._forkserver', {str(here / '_forkserver.py')!r})\n"
-            "_module = importlib.util.module_from_spec(_spec)\n"
-            "sys.modules['agentinfra.sandbox._forkserver'] = _module\n"
-            "_spec.loader.exec_module(_module)\n"
-            f"_module.zygote(int(sys.argv[1]), {preload!r}, {self._target!r})\n"
+            f"import runpy, sys; runpy.run_path({str(here / '_forkserver.py')!r})['zygote']"
+            f"(int(sys.argv[1]), {preload!r}, {self._target!r})"
         )
 
     def start(self) -> None:
@@ -223,8 +217,10 @@ class ForkServer:
         return ForkedProcess(int(answer["pid"]), ours)
 
     def close(self) -> None:
+        """Stops the zygote (jails it forked live on) and removes its log."""
         with self._lock:
             self._stop_locked()
+        self._log_path.unlink(missing_ok=True)
 
     def _stop_locked(self) -> None:
         if self._sock is not None:
@@ -352,13 +348,10 @@ def _outer_child(conn_fd: int, function: Any) -> None:
 
 
 def _jailed_child(config: dict[str, Any], fds: list[int], function: Any) -> None:
-    """Pid 1 of the new namespaces: the jail `_jail.main` builds, then ``function(*fds)``."""
+    """Pid 1 of the new namespaces: the jail `_jail.main` builds (`_jail.enter`), then ``function(*fds)``."""
     jail = sys.modules["agentinfra.sandbox._jail"]
     try:
-        jail.build_root(config)
-        os.sched_setaffinity(0, config["cpus"])
-        jail._set_limits(config["limits"])
-        jail.drop_privileges(int(config["uid"]))
+        jail.enter(config)
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (jail.JailSetupError, OSError) as exc:
         print(f"agentinfra jail: {exc}", file=sys.stderr, flush=True)

@@ -329,14 +329,23 @@ def drop_privileges(uid: int) -> None:
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
 
 
+def enter(config: dict[str, Any]) -> None:
+    """Steps 1-5 up to the program: the root, affinity, limits, no privileges (this process).
+
+    Raises:
+        JailSetupError, OSError: the jail could not be built; nothing of it may be trusted.
+    """
+    build_root(config)
+    os.sched_setaffinity(0, config["cpus"])
+    _set_limits(config["limits"])
+    drop_privileges(int(config["uid"]))
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     program = sys.argv[sys.argv.index("--") + 1 :]
     try:
-        build_root(config)
-        os.sched_setaffinity(0, config["cpus"])
-        _set_limits(config["limits"])
-        drop_privileges(int(config["uid"]))
+        enter(config)
         os.execve(program[0], program, config["env"])
     except (JailSetupError, OSError) as exc:
         print(f"agentinfra jail: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,3 +77,21 @@ def test_candidate_uids_are_reserved_until_released() -> None:
     assert len(set(uids)) == 20  # never the same uid twice while held, whatever the seed
     for _, fd in held:
         os.close(fd)
+
+
+def test_concurrent_gradings_are_pinned_to_different_cores() -> None:
+    from agentinfra.environments.kernels._grader import _claim_cpus, _release_cpus
+
+    allowed = sorted(os.sched_getaffinity(0))
+    first = _claim_cpus(1)
+    second = _claim_cpus(1)
+    try:
+        assert first == (allowed[0],)
+        if len(allowed) > 1:
+            assert second == (allowed[1],), "a second live grading shares the first one's core"
+    finally:
+        _release_cpus(second)
+        _release_cpus(first)
+    again = _claim_cpus(1)
+    _release_cpus(again)
+    assert again == first, "a released core is not claimed again"

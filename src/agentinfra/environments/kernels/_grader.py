@@ -341,7 +341,8 @@ class _Grading:
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released after the workers are killed."""
         self.threads = options.threads
-        self.cpus = _claim_cpus(options.threads)
+        self.cpus: tuple[int, ...] = ()
+        """The cores this grading's workers are pinned to, claimed by `run` (`_claim_cpus`)."""
 
     def _add(self, finding: Finding) -> None:
         """Records a finding; a runtime check that fires on every call is kept three times."""
@@ -1089,6 +1090,7 @@ class _Grading:
 
     def run(self) -> Verdict:
         stop: _StopGradingError | None = None
+        self.cpus = _claim_cpus(self.threads)
         try:
             self.prepare()
             self.spawn_workers()

@@ -56,13 +56,18 @@ def _torch() -> Any:
     return torch
 
 
-def tensor_to_bytes(tensor: Any) -> TensorBytes:
+def _raw(tensor: Any) -> tuple[str, tuple[int, ...], Any]:
+    """A tensor's dtype name, shape and its bytes as a flat uint8 array (a view where it can be)."""
     torch = _torch()
     plain = torch.Tensor.contiguous(torch.Tensor.cpu(torch.Tensor.detach(tensor)))
-    name = str(plain.dtype).removeprefix("torch.")
     flat = plain.reshape(-1)
     raw = flat.view(torch.uint8) if plain.dtype != torch.bool else flat.to(torch.uint8)
-    return TensorBytes(name, tuple(plain.shape), raw.numpy().tobytes())
+    return str(plain.dtype).removeprefix("torch."), tuple(plain.shape), raw.numpy()
+
+
+def tensor_to_bytes(tensor: Any) -> TensorBytes:
+    name, shape, raw = _raw(tensor)
+    return TensorBytes(name, shape, raw.tobytes())
 
 
 def bytes_to_tensor(item: TensorBytes, device: str = "cpu") -> Any:
@@ -77,24 +82,28 @@ def bytes_to_tensor(item: TensorBytes, device: str = "cpu") -> Any:
     return flat.view(getattr(torch, item.dtype)).reshape(item.shape).to(device)
 
 
-def encode_values(values: Any, tensors: list[TensorBytes]) -> Any:
-    """Plain JSON for nested lists of numbers and strings; tensors go to ``tensors``."""
+def encode_values(values: Any, tensors: list[Any], *, as_bytes: bool = True) -> Any:
+    """Plain JSON for nested lists of numbers and strings; each tensor goes to ``tensors``, as its
+    bytes (or, with ``as_bytes=False``, as it is), and is referred to by its index there."""
     torch = _torch()
     if isinstance(values, torch.Tensor):
-        tensors.append(tensor_to_bytes(values))
+        tensors.append(tensor_to_bytes(values) if as_bytes else values)
         return {"__tensor__": len(tensors) - 1}
     if isinstance(values, list | tuple):
-        return [encode_values(v, tensors) for v in values]
+        return [encode_values(v, tensors, as_bytes=as_bytes) for v in values]
     if values is None or isinstance(values, bool | int | float | str):
         return values
     raise TypeError(f"cannot pass a {type(values).__name__} between processes")
 
 
-def decode_values(values: Any, tensors: list[TensorBytes], device: str) -> Any:
+def decode_values(values: Any, tensors: list[Any], device: str, *, as_bytes: bool = True) -> Any:
+    """`encode_values` undone: each reference becomes its tensor (built from its bytes, or, with
+    ``as_bytes=False``, taken as it is from ``tensors``)."""
     if isinstance(values, dict) and "__tensor__" in values:
-        return bytes_to_tensor(tensors[int(values["__tensor__"])], device)
+        item = tensors[int(values["__tensor__"])]
+        return bytes_to_tensor(item, device) if as_bytes else item
     if isinstance(values, list):
-        return [decode_values(v, tensors, device) for v in values]
+        return [decode_values(v, tensors, device, as_bytes=as_bytes) for v in values]
     return values
 
 
@@ -288,21 +297,17 @@ class Worker:
         """
         self._receive_pool_file(frame)
         assert self.pool_fd is not None
-        torch = _torch()
         entries: list[Any] = []
+        live: list[Any] = []
         specs: list[list[Any]] = []
         offset = 0
         os.ftruncate(self.pool_fd, 0)
         for seed in frame.header["seeds"]:
-            values: list[Any] = []
-            entries.append(_encode_refs(self._inputs(int(seed)), values, len(specs)))
-            for value in values:
-                plain = torch.Tensor.contiguous(torch.Tensor.cpu(value)).reshape(-1)
-                raw = (
-                    plain.to(torch.uint8) if plain.dtype == torch.bool else plain.view(torch.uint8)
-                ).numpy()
+            entries.append(encode_values(self._inputs(int(seed)), live, as_bytes=False))
+            for value in live[len(specs) :]:
+                name, shape, raw = _raw(value)
                 _pwrite_all(self.pool_fd, memoryview(raw), offset)
-                specs.append([str(plain.dtype).removeprefix("torch."), list(value.shape), offset])
+                specs.append([name, list(shape), offset])
                 offset += raw.nbytes
         return {"entries": entries, "specs": specs, "bytes": offset}, []
 
@@ -315,7 +320,10 @@ class Worker:
             tensors = [
                 _read_tensor(self.pool_fd, spec, self.device) for spec in frame.header["specs"]
             ]
-            self.pool = [_decode_refs(entry, tensors) for entry in frame.header["entries"]]
+            self.pool = [
+                decode_values(entry, tensors, self.device, as_bytes=False)
+                for entry in frame.header["entries"]
+            ]
         else:
             self.pool = [
                 decode_values(entry, frame.tensors, self.device)
@@ -402,27 +410,6 @@ def warm_up() -> None:
     torch = _torch()
     with torch.device("meta"):
         (torch.rand(2, 3) + 0.1).log().sum(1)
-
-
-def _encode_refs(values: Any, tensors: list[Any], first: int) -> Any:
-    """`encode_values` for live tensors: each becomes ``{"__tensor__": first + its index}``."""
-    torch = _torch()
-    if isinstance(values, torch.Tensor):
-        tensors.append(values)
-        return {"__tensor__": first + len(tensors) - 1}
-    if isinstance(values, list | tuple):
-        return [_encode_refs(v, tensors, first) for v in values]
-    if values is None or isinstance(values, bool | int | float | str):
-        return values
-    raise TypeError(f"cannot pass a {type(values).__name__} between processes")
-
-
-def _decode_refs(values: Any, tensors: list[Any]) -> Any:
-    if isinstance(values, dict) and "__tensor__" in values:
-        return tensors[int(values["__tensor__"])]
-    if isinstance(values, list):
-        return [_decode_refs(v, tensors) for v in values]
-    return values
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
