@@ -24,10 +24,14 @@ from agentinfra.environments.kernels import GradeOptions, grade, probe_sandbox_m
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [
     ("01_matmul_relu", "01_matmul_relu_addmm"),
+    ("02_softmax", "02_softmax_manual"),
+    ("03_layernorm", "03_layernorm_manual"),
     ("05_conv2d", "05_conv2d_functional"),
     ("06_attention", "06_attention_sdpa"),
     ("10_slow_rowwise_softmax", "10_fast_softmax"),
     ("11_slow_cumsum", "11_fast_cumsum"),
+    ("12_log_sum_positive", "12_log_sum"),
+    ("13_relu_scale", "13_relu_scale_inplace"),
 ]
 
 
