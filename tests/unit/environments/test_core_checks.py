@@ -95,3 +95,55 @@ def test_concurrent_gradings_are_pinned_to_different_cores() -> None:
     again = _claim_cpus(1)
     _release_cpus(again)
     assert again == first, "a released core is not claimed again"
+
+
+def test_abba_ratios_cancel_the_cost_of_going_first() -> None:
+    from agentinfra.environments.kernels._grader import _abba_ratios
+
+    # true per-call times 2.0 (reference) and 1.0 (candidate); going first costs 0.5,
+    # and the reference goes first in even pairs, second in odd ones
+    ref = [2.5, 2.0, 2.5, 2.0, 2.5]
+    cand = [1.0, 1.5, 1.0, 1.5, 1.0]
+    plain = sorted(r / c for r, c in zip(ref, cand, strict=True))
+    assert plain[0] < 1.5  # per pair: two clusters, neither the truth
+    assert plain[-1] > 2.4
+    assert _abba_ratios(ref, cand) == [4.5 / 2.5, 4.5 / 2.5]  # the odd last pair is left out
+    assert _abba_ratios([2.0], [1.0]) == [2.0]
+
+
+def test_gc_is_paused_until_the_last_timing_loop_ends() -> None:
+    import gc
+
+    from agentinfra.environments.kernels._grader import _gc_paused
+
+    assert gc.isenabled()
+    with _gc_paused():
+        assert not gc.isenabled()
+        with _gc_paused():  # a concurrent grading's loop
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        with _gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_workers_allocator_is_fixed_on_glibc() -> None:
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    code = (
+        "from agentinfra.environments.kernels._worker import fix_allocator; print(fix_allocator())"
+    )
+    # in a child: the allocator's settings would otherwise stay with the test process
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "True"
