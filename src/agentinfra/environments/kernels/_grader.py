@@ -41,8 +41,14 @@ Covered:
   reference's output for the same inputs, fetched from its timed batch,
   so call counting, replay, stale buffers and caller sniffing fail. The
   reference is timed in its own clean process with the same method, interleaved
-  A B A B, and the speedup is a median with a bootstrap confidence interval.
-  Patching timers inside the candidate changes nothing.
+  A B B A (who goes first alternates pair by pair), and the speedup is the median,
+  with a bootstrap confidence interval, of one ratio per two consecutive pairs
+  (both orders summed). Patching timers inside the candidate changes nothing.
+  Measurement hygiene, the same for both sides: this process's garbage collector
+  is off while it times; each worker puts glibc's allocator in one fixed state
+  before it runs anything (`_worker.fix_allocator`: no moving mmap threshold, no
+  heap trim). The candidate may change its own allocator; that moves only its own
+  time, which is what it is judged on.
 - Runtime checks that block on a measurement, and their margins:
   - ``threads_processes``: the CPU time of the candidate's whole process tree,
     read from /proc just around each timed batch (nanosecond ``schedstat`` per
@@ -102,9 +108,9 @@ problems load unchanged, and some are random or too large for the machine):
   ``timeout_s``, extended to three times the reference's time for the calls the
   grading makes (plus 30 s). The reference's time decides, never the candidate's.
 - A slow problem: when one reference call takes over 0.1 s the timing plan
-  shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 5
+  shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 6
   pairs, or 3 where the 768 MiB input pool holds no more; one warm-up), and
-  from the fifth pair on it stops once the speedup's
+  from the sixth pair on, after an even number of pairs, it stops once the speedup's
   95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
   how many calls were timed per side.
 
