@@ -144,7 +144,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,6 +190,8 @@ _SLOW_CALL_S = 0.1
 _SLOW_TIMED_S = 15.0
 """Timed reference work a slow problem's plan aims at, in seconds."""
 _MIN_PAIRS = 6
+_STAGE_SLACK_S = 0.0005
+"""Staging CPU a candidate may spend beyond the reference's per batch, besides a tenth of its timed work."""
 _CI_STOP = 0.05
 """A slow problem's timing stops once the speedup's 95% interval is within this fraction of its median."""
 _RUNTIME_BYTES = 1 << 30
@@ -279,6 +281,20 @@ def _to_array(item: TensorBytes) -> np.ndarray[Any, Any]:
     return tensor.numpy()
 
 
+@dataclass(slots=True)
+class _Staging:
+    """Staged timing inputs (CPU): each batch's byte range in the pool file, the candidate's
+    sealed copy of it, and the CPU each side spent staging each batch."""
+
+    per_batch: int
+    size: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    files: list[int] = field(default_factory=list)
+    reference_cpu: list[float] = field(default_factory=list)
+    candidate_cpu: list[float] = field(default_factory=list)
+    candidate_batch_cpu: list[float] = field(default_factory=list)
+
+
 @dataclass(frozen=True, slots=True)
 class _Comparison:
     ok: bool
@@ -343,6 +359,9 @@ class _Grading:
         self.reference_call_s: float | None = None
         self.eval_mode = False
         self._pool_fds: list[int] = []
+        self._staging: _Staging | None = None
+        self._batch_cpu_before: CpuSample | None = None
+        """The candidate's CPU sample that started its last timed batch."""
         """The pool file, writable (the reference's) and read-only (the candidate's)."""
         self._fd_sockets: list[socket.socket] = []
         """Our ends of the Unix sockets that carry the pool file to the reference and the candidate."""
@@ -786,9 +805,10 @@ class _Grading:
         if pool_size * entry_bytes > _POOL_BYTES_LIMIT:
             pairs = max(3, _POOL_BYTES_LIMIT // entry_bytes - warmup)
             pool_size = pairs + warmup
-        self._share_pool(pool_size)
+        staged = self._share_pool(pool_size, per_batch)
         order = list(range(pool_size))
-        self.rng.shuffle(order)
+        if not staged:  # staged batches are runs of the pool, which is in random order already
+            self.rng.shuffle(order)
         ref_times: list[float] = []
         cand_times: list[float] = []
         with _gc_paused():
@@ -801,6 +821,7 @@ class _Grading:
             self._timing_loop(order, per_batch, pairs, warmup, slow, overhead_ref, overhead_cand,
                               ref_times, cand_times)  # fmt: skip
         self.timed_calls = len(cand_times) * per_batch
+        self._check_staging()
         self._check_cores(empty_windows, self._cpu_windows[warmup:])
         self._check_idle(self._idle_windows[warmup:])
         self._finish_timing(ref_times, cand_times, peaks, entry_bytes)
@@ -814,11 +835,11 @@ class _Grading:
             chunk = order[index * per_batch : (index + 1) * per_batch]
             # ABBA: who goes first alternates, so neither side gains from its place in the pair
             if index % 2 == 0:
-                ref_s = self._timed_batch_reference(chunk)
-                cand_s, commits = self._timed_batch_candidate(chunk)
+                ref_s = self._staged_batch_reference(index, chunk)
+                cand_s, commits = self._staged_batch_candidate(index, chunk)
             else:
-                cand_s, commits = self._timed_batch_candidate(chunk)
-                ref_s = self._timed_batch_reference(chunk)
+                cand_s, commits = self._staged_batch_candidate(index, chunk)
+                ref_s = self._staged_batch_reference(index, chunk)
             self._audit(chunk, commits)
             if index >= warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
@@ -852,31 +873,108 @@ class _Grading:
                 break
         return best
 
-    def _share_pool(self, size: int) -> None:
+    def _share_pool(self, size: int, per_batch: int) -> bool:
         """``size`` timing inputs from fresh secret seeds: the reference writes them into the pool
-        file, this process seals it, and each worker reads its own private copy from it."""
+        file and this process seals it. On a CPU the inputs are staged (True): each run of
+        ``per_batch`` entries gets its own sealed file for the candidate, and each side maps a
+        batch's inputs (`_stage`) only just before that batch is timed, so the candidate never
+        holds inputs it could work on ahead of time. Elsewhere each worker reads a private
+        copy of the whole pool."""
+        staged = self.options.device == "cpu"
         seeds = [self.rng.randrange(1 << 31) for _ in range(size)]
         pool = os.memfd_create("agentinfra-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self._pool_fds.append(pool)
         self._send_fd(0, pool)
-        made = self._reference_call({"op": "pool_make", "seeds": seeds, "receive_fd": True})
-        self._seal_pool_file(pool, int(made.header["bytes"]))
+        made = self._reference_call(
+            {"op": "pool_make", "seeds": seeds, "receive_fd": True,
+             "align_every": per_batch if staged else 0}
+        )  # fmt: skip
+        total = int(made.header["bytes"])
+        self._seal_pool_file(pool, total)
         shared = {
             "op": "pool",
             "shared": True,
+            "staged": staged,
             "entries": made.header["entries"],
             "specs": made.header["specs"],
         }
+        if staged:
+            starts = [int(x) for x in made.header.get("starts", [])]
+            if len(starts) != -(-size // per_batch):
+                raise _StopGradingError(
+                    Outcome.GRADER_ERROR, f"reference pool has {len(starts)} batch starts"
+                )
+            ends = [*starts[1:], total]
+            self._staging = _Staging(per_batch=per_batch, size=size)
+            for start, end in zip(starts, ends, strict=True):
+                self._staging.ranges.append((start, end - start))
+                self._staging.files.append(self._batch_file(pool, start, end - start))
         pooled = self._reference_call(shared)
         if pooled.header.get("size") != size:
             raise _StopGradingError(
                 Outcome.GRADER_ERROR,
                 f"reference pool has {pooled.header.get('size')} entries, not {size}",
             )
+        if staged:
+            self._candidate_call(shared, phase="pool")
+            return True
         readonly = os.open(f"/proc/self/fd/{pool}", os.O_RDONLY | os.O_CLOEXEC)
         self._pool_fds.append(readonly)
         self._send_fd(1, readonly)
         self._candidate_call({**shared, "receive_fd": True}, phase="pool")
+        return False
+
+    def _batch_file(self, pool: int, start: int, length: int) -> int:
+        """A sealed copy of ``length`` bytes of the pool file at ``start``: one batch's inputs."""
+        fd = os.memfd_create("agentinfra-batch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._pool_fds.append(fd)
+        offset = 0
+        while offset < length:
+            copied = os.copy_file_range(pool, fd, length - offset, start + offset, offset)
+            if copied <= 0:
+                raise _StopGradingError(
+                    Outcome.GRADER_ERROR, "pool file ended while copying a batch"
+                )
+            offset += copied
+        self._seal_pool_file(fd, length)
+        return fd
+
+    def _stage(self, index: int, *, reference: bool) -> None:
+        """Batch ``index``'s inputs mapped into one worker (the candidate's from its own file)."""
+        staging = self._staging
+        assert staging is not None
+        start, length = staging.ranges[index]
+        first = index * staging.per_batch
+        header = {"op": "stage", "first": first, "count": min(staging.per_batch, staging.size - first),
+                  "start": start, "length": length}  # fmt: skip
+        if reference:
+            self._reference_call(header)
+        else:
+            self._send_fd(1, staging.files[index])
+            self._candidate_call({**header, "start": 0, "base": start, "receive_fd": True}, phase="timing")  # fmt: skip
+
+    def _staged_batch_reference(self, index: int, chunk: list[int]) -> float:
+        if self._staging is None:
+            return self._timed_batch_reference(chunk)
+        assert self.reference is not None
+        before = self.reference.cpu_sample()
+        self._stage(index, reference=True)
+        after = self.reference.cpu_sample()
+        self._staging.reference_cpu.append(after.since(before)[0])
+        return self._timed_batch_reference(chunk, staged=True)
+
+    def _staged_batch_candidate(self, index: int, chunk: list[int]) -> tuple[float, list[str]]:
+        if self._staging is None:
+            return self._timed_batch_candidate(chunk)
+        before = self._cpu()
+        self._stage(index, reference=False)
+        elapsed, commits = self._timed_batch_candidate(chunk, staged=True)
+        window = self._cpu_windows[-1] if self._cpu_windows else None
+        if before is not None and window is not None and self._batch_cpu_before is not None:
+            # from before staging to the timed batch's start: the gap between them included
+            self._staging.candidate_cpu.append(self._batch_cpu_before.since(before)[0])
+            self._staging.candidate_batch_cpu.append(window[1])
+        return elapsed, commits
 
     def _send_fd(self, worker: int, fd: int) -> None:
         """``fd`` to the reference (0) or the candidate (1); a worker gone is noticed by its next frame."""
@@ -890,11 +988,11 @@ class _Grading:
         ]
         return statistics.median(samples)
 
-    def _timed_batch_reference(self, indices: list[int]) -> float:
+    def _timed_batch_reference(self, indices: list[int], *, staged: bool = False) -> float:
         assert self.reference is not None
         cpu_before = self._cpu()
         start = time.perf_counter()
-        self._reference_call({"op": "batch", "indices": indices})
+        self._reference_call({"op": "batch", "indices": indices, "staged": staged})
         elapsed = time.perf_counter() - start
         cpu_after = self._cpu()
         if cpu_before is not None and cpu_after is not None:
@@ -905,10 +1003,14 @@ class _Grading:
     def _cpu(self) -> CpuSample | None:
         return self.candidate.cpu_sample() if self.candidate is not None else None
 
-    def _timed_batch_candidate(self, indices: list[int]) -> tuple[float, list[str]]:
-        cpu_before = self._cpu()
+    def _timed_batch_candidate(
+        self, indices: list[int], *, staged: bool = False
+    ) -> tuple[float, list[str]]:
+        cpu_before = self._batch_cpu_before = self._cpu()
         start = time.perf_counter()
-        frame = self._candidate_call({"op": "batch", "indices": indices}, phase="timing")
+        frame = self._candidate_call(
+            {"op": "batch", "indices": indices, "staged": staged}, phase="timing"
+        )
         elapsed = time.perf_counter() - start
         cpu_after = self._cpu()
         if cpu_before is not None and cpu_after is not None:
@@ -968,6 +1070,39 @@ class _Grading:
     def _fail_audit(self, message: str, evidence: str) -> None:
         self._add(Finding(check="audit", severity="block", message=message, evidence=evidence))
         self.correct = False
+
+    def _check_staging(self) -> None:
+        """CPU the candidate spent staging batches beyond what the reference spent staging the
+        same bytes the same way.
+
+        Staging maps a batch's inputs just before the batch is timed. A candidate that
+        computes its outputs then, untimed, and only returns them from the timed batch,
+        spends the work here instead: blocked when the excess over all batches is more
+        than a tenth of its timed work plus 0.5 ms a batch, and at least half of the
+        batches (and at least 3) exceed that on their own; a warning otherwise.
+        """
+        staging = self._staging
+        if staging is None or not staging.candidate_cpu:
+            return
+        count = min(len(staging.candidate_cpu), len(staging.reference_cpu))
+        pairs = list(zip(staging.candidate_cpu, staging.reference_cpu, staging.candidate_batch_cpu, strict=False))  # fmt: skip
+        excess = sum(c for c, _, _ in pairs) - sum(r for _, r, _ in pairs)
+        allowed = 0.1 * sum(b for _, _, b in pairs) + _STAGE_SLACK_S * count
+        if excess <= allowed:
+            return
+        over = sum(1 for c, r, b in pairs if c - r > 0.1 * b + _STAGE_SLACK_S)
+        repeated = over >= max(3, (count + 1) // 2)
+        self._add(
+            Finding(
+                check="staging",
+                severity="block" if repeated else "warn",
+                message=f"the candidate used {excess * 1e3:.1f} ms more CPU than the reference staging "
+                f"the same {count} batches of inputs (untimed), against {sum(b for _, _, b in pairs) * 1e3:.1f} ms "
+                "in its timed batches"
+                + ("" if repeated else " (in a few batches only: not counted)"),
+                evidence=f"{over} of {count} batches over a tenth of their timed work plus {_STAGE_SLACK_S * 1e3:.1f} ms",
+            )
+        )
 
     def _check_cores(
         self, empty: list[tuple[float, float, bool]], timed: list[tuple[float, float, bool]]

@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import math
+import mmap
 import os
 import socket
 import sys
@@ -49,6 +51,7 @@ _MAX_PAYLOAD = 8 << 30
 _VARIANT_SCALE = 100.0
 _VARIANT_SHIFT = 3.0
 _L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100/H200: 50-60 MB)
+_TENSOR_ALIGN = 64  # each tensor in the pool file starts on a cache line
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest allowed on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 
@@ -99,6 +102,15 @@ def encode_values(values: Any, tensors: list[Any], *, as_bytes: bool = True) -> 
     raise TypeError(f"cannot pass a {type(values).__name__} between processes")
 
 
+def _tensor_refs(values: Any) -> list[int]:
+    """The tensor indices an `encode_values` structure refers to."""
+    if isinstance(values, dict) and "__tensor__" in values:
+        return [int(values["__tensor__"])]
+    if isinstance(values, list):
+        return [i for v in values for i in _tensor_refs(v)]
+    return []
+
+
 def decode_values(values: Any, tensors: list[Any], device: str, *, as_bytes: bool = True) -> Any:
     """`encode_values` undone: each reference becomes its tensor (built from its bytes, or, with
     ``as_bytes=False``, taken as it is from ``tensors``)."""
@@ -129,6 +141,10 @@ class Worker:
         self.module: Any = None
         self.model: Any = None
         self.pool: list[list[Any]] = []
+        self.pool_layout: dict[str, Any] = {}
+        """Staged timing (``pool`` with ``staged``): each entry's structure and each tensor's spec, no data."""
+        self.staged: list[list[Any]] = []
+        """The inputs of the next timed batch, mapped from its file by ``stage``."""
         self.fd_socket: socket.socket | None = None
         """Where the supervisor sends the pool file."""
         self.pool_fd: int | None = None
@@ -295,27 +311,42 @@ class Worker:
         """Reference only: the base inputs of each seed, written back to back into the pool file.
 
         Answers each entry's encoded structure and each tensor's ``[dtype, shape, offset]``;
-        the supervisor then seals the file and both workers read private copies (``pool``
-        with ``shared``), so the inputs never cross a pipe.
+        the supervisor then seals the file. Each tensor starts on a cache line; with
+        ``align_every`` each run of that many entries (a timed batch) starts on a page, and
+        ``starts`` gives those offsets, so a batch's bytes can be copied and mapped alone.
+        Each entry's tensors are freed once written, so this process's heap is left no
+        fuller than the candidate's.
         """
         self._receive_pool_file(frame)
         assert self.pool_fd is not None
+        align_every = int(frame.header.get("align_every") or 0)
         entries: list[Any] = []
         live: list[Any] = []
         specs: list[list[Any]] = []
+        starts: list[int] = []
         offset = 0
         os.ftruncate(self.pool_fd, 0)
-        for seed in frame.header["seeds"]:
+        for index, seed in enumerate(frame.header["seeds"]):
+            if align_every and index % align_every == 0:
+                offset = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE
+                starts.append(offset)
             entries.append(encode_values(self._inputs(int(seed)), live, as_bytes=False))
-            for value in live[len(specs) :]:
-                name, shape, raw = _raw(value)
+            for position in range(len(specs), len(live)):
+                offset = -(-offset // _TENSOR_ALIGN) * _TENSOR_ALIGN
+                name, shape, raw = _raw(live[position])
                 _pwrite_all(self.pool_fd, memoryview(raw), offset)
                 specs.append([name, list(shape), offset])
                 offset += raw.nbytes
-        return {"entries": entries, "specs": specs, "bytes": offset}, []
+                live[position] = None
+        return {"entries": entries, "specs": specs, "bytes": offset, "starts": starts}, []
 
     def store_pool(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
-        """Timing inputs: from the sealed pool file (``shared``: a private copy of each tensor) or the frame."""
+        """Timing inputs: from the sealed pool file (``shared``: a private copy of each tensor) or
+        the frame; with ``staged``, only the layout, and ``stage`` maps each batch's inputs."""
+        if frame.header.get("staged"):
+            self.pool, self.staged = [], []
+            self.pool_layout = {"entries": frame.header["entries"], "specs": frame.header["specs"]}
+            return {"size": len(self.pool_layout["entries"])}, []
         if frame.header.get("shared"):
             self._receive_pool_file(frame)
             if self.pool_fd is None:
@@ -338,22 +369,68 @@ class Worker:
         """With ``receive_fd``: the pool file sent on the descriptor socket just before this frame."""
         if not frame.header.get("receive_fd"):
             return
+        fd = self._receive_fd()
+        if self.pool_fd is not None:
+            os.close(self.pool_fd)
+        self.pool_fd = fd
+
+    def _receive_fd(self) -> int:
+        """The descriptor sent on the descriptor socket just before this frame."""
         if self.fd_socket is None:
             raise RuntimeError("this worker was started without a descriptor socket")
         _, fds, _, _ = socket.recv_fds(self.fd_socket, 16, 1)
         if not fds:
-            raise RuntimeError("no pool file arrived on the descriptor socket")
-        if self.pool_fd is not None:
-            os.close(self.pool_fd)
-        self.pool_fd = fds[0]
+            raise RuntimeError("no file arrived on the descriptor socket")
+        for extra in fds[1:]:
+            os.close(extra)
+        return fds[0]
+
+    def stage(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
+        """The next batch's inputs: entries ``first`` to ``first + count - 1``, whose bytes are
+        ``length`` bytes at ``start`` of a file (the pool file, or with ``receive_fd`` the
+        batch's own file, where the pool's offset ``base`` is at 0). Mapped private and
+        populated, so every page is this process's own before the batch is timed."""
+        torch = _torch()
+        self.staged = []
+        layout = self.pool_layout
+        first, count = int(frame.header["first"]), int(frame.header["count"])
+        start, length = int(frame.header["start"]), int(frame.header["length"])
+        base = int(frame.header.get("base", start))
+        if frame.header.get("receive_fd"):
+            fd = self._receive_fd()
+        elif self.pool_fd is not None:
+            fd = os.dup(self.pool_fd)
+        else:
+            raise RuntimeError("no pool file to stage from")
+        flags, prot = mmap.MAP_PRIVATE | mmap.MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE
+        try:
+            buffer = mmap.mmap(fd, length, flags=flags, prot=prot, offset=start) if length else None
+        finally:
+            os.close(fd)
+        entries = layout["entries"][first : first + count]
+        tensors: list[Any] = [None] * len(layout["specs"])
+        for index in (i for entry in entries for i in _tensor_refs(entry)):
+            name, shape, offset = layout["specs"][index]
+            dtype = getattr(torch, str(name))
+            numel = math.prod(int(d) for d in shape)
+            tensors[index] = (
+                torch.frombuffer(buffer, dtype=dtype, count=numel, offset=int(offset) - base).reshape(shape)
+                if numel and buffer is not None
+                else torch.empty(shape, dtype=dtype)
+            )  # fmt: skip
+        self.staged = [decode_values(e, tensors, self.device, as_bytes=False) for e in entries]
+        return {"size": len(self.staged)}, []
 
     def batch(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
         torch = _torch()
         self.last_outputs = []
         if self.device == "cuda":
             return self._batch_cuda(frame)
-        for index in frame.header["indices"]:
-            self.last_outputs.append(self._call(self.pool[int(index)]))
+        pool = self.staged if frame.header.get("staged") else None
+        for position, index in enumerate(frame.header["indices"]):
+            self.last_outputs.append(
+                self._call(pool[position] if pool is not None else self.pool[int(index)])
+            )
         self._sync()
         commits = [
             digest(tensor_to_bytes(out)) if type(out) is torch.Tensor else "not-a-tensor"
@@ -491,6 +568,7 @@ def serve(fd_in: int, fd_out: int, fd_socket: int | None = None) -> None:
         "gen": worker.gen,
         "call": worker.call,
         "pool": worker.store_pool,
+        "stage": worker.stage,
         "batch": worker.batch,
         "fetch": worker.fetch,
         "peaks": worker.peaks,
