@@ -80,7 +80,8 @@ def main() -> None:
             "bench": "grade", "problem": problem, "submission": submission, "repeats": repeats,
             "wall_s_median": round(statistics.median(walls), 2), "wall_s_max": round(max(walls), 2),
             "speedup_median": round(middle, 3), "speedup_min": round(min(speedups), 3), "speedup_max": round(max(speedups), 3),
-            "max_deviation_from_median": round(max(abs(s / middle - 1) for s in speedups), 4), **env,
+            "max_deviation_from_median": round(max(abs(s / middle - 1) for s in speedups), 4),
+            "speedups": [round(s, 4) for s in speedups], **env,
         }  # fmt: skip
         sys.stdout.write(json.dumps(record) + "\n")
         sys.stdout.flush()

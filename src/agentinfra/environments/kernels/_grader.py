@@ -33,10 +33,17 @@ Covered:
   a pool that is never reused. The pool travels as a file, not through pipes:
   a memfd made here per grading, sent to the reference over a Unix socket, filled
   by it from secret seeds, then sealed here (no write, resize or further seal, by
-  anyone) before the candidate receives a descriptor of it; each worker reads a
-  private copy. (A memfd can be reopened writable through ``/proc/self/fd``, so
-  the seal, not the read-only descriptor, is what holds; the corpus' ``pool_tamper``
-  tries both.) Every timed output is committed (hash) before
+  anyone). On a CPU the inputs are staged: each batch's bytes are copied here into
+  a sealed file of their own, and a worker receives and maps a batch's inputs
+  (private, populated) only in a ``stage`` request just before that batch is
+  timed, so the candidate never holds inputs of a batch to come. Staging is not
+  timed; a candidate that computes its outputs then spends the CPU there, and the
+  ``staging`` check compares its staging CPU with the reference's for the same
+  bytes (the corpus' ``precompute_untimed`` faked 22x when the whole pool arrived
+  in one untimed request). On CUDA each worker reads a private copy of the whole
+  pool. (A memfd can be reopened writable through ``/proc/self/fd``, so the seal,
+  not the read-only descriptor, is what holds; the corpus' ``pool_tamper`` tries
+  both.) Every timed output is committed (hash) before
   the batch returns and a secret random subset is audited against the
   reference's output for the same inputs, fetched from its timed batch,
   so call counting, replay, stale buffers and caller sniffing fail. The
@@ -60,6 +67,12 @@ Covered:
     (and at least 3) exceed it on their own. A warning when the excess does not
     repeat; nothing is judged (a warning at most) when the timed work is under
     0.1 s of wall time or tick resolution could explain the excess.
+  - ``staging``: the candidate's CPU from the start of a batch's ``stage``
+    request to the start of that timed batch, minus the reference's CPU staging
+    the same bytes. Blocks when the sum over all batches exceeds a tenth of the
+    candidate's timed CPU plus 0.5 ms a batch, and at least half of the batches
+    (and at least 3) exceed that on their own; a warning otherwise. Honest
+    candidates measured 0.91-1.1x the reference's staging CPU.
   - ``threads_processes`` (idle): the candidate's CPU while the reference's
     timed batches run and the candidate has no call, over their wall time.
     Blocks above 0.25 cores plus the allotted threads beyond the first, when
@@ -124,6 +137,10 @@ Not covered:
   exploits against the host; in ``rlimits-only`` mode (no namespaces) signalling
   or reading the supervisor (the verdict then carries a ``sandbox`` warning).
 - GPU-specific attacks beyond device sync per batch (streams are flagged statically).
+  On CUDA the whole timing pool reaches the candidate before timing (not staged),
+  so work done then, untimed, is bounded only by the plausibility floor.
+- Precomputation within the ``staging`` allowance: up to a tenth of the timed
+  work plus 0.5 ms a batch could move untimed.
 """
 
 from __future__ import annotations
