@@ -48,9 +48,9 @@ Covered:
   reference's output for the same inputs, fetched from its timed batch,
   so call counting, replay, stale buffers and caller sniffing fail. The
   reference is timed in its own clean process with the same method, interleaved
-  A B B A (who goes first alternates pair by pair), and the speedup is the median,
-  with a bootstrap confidence interval, of one ratio per two consecutive pairs
-  (both orders summed). Patching timers inside the candidate changes nothing.
+  A B B A (who goes first alternates pair by pair, so each order times half the
+  pairs), and the speedup is the median of the pairs' ratios with a bootstrap
+  confidence interval. Patching timers inside the candidate changes nothing.
   Measurement hygiene, the same for both sides: this process's garbage collector
   is off while it times; each worker puts glibc's allocator in one fixed state
   before it runs anything (`_worker.fix_allocator`: no moving mmap threshold, no
@@ -1190,7 +1190,7 @@ class _Grading:
     ) -> None:
         baseline = statistics.median(ref_times)
         candidate = statistics.median(cand_times)
-        ratios = _abba_ratios(ref_times, cand_times)
+        ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
         self.timing = {
             "baseline_ms": baseline * 1e3,
             "candidate_ms": candidate * 1e3,
@@ -1322,25 +1322,9 @@ def _bootstrap_ci(ratios: list[float], rng: random.Random, resamples: int) -> tu
     return boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
 
 
-def _abba_ratios(ref_times: list[float], cand_times: list[float]) -> list[float]:
-    """One speedup per two consecutive pairs: the reference went first in one and second in the other.
-
-    Going first after an audit costs a batch up to a few milliseconds (02_softmax: about
-    6 ms of a 13 ms batch in some gradings), so per-pair ratios split into two clusters by
-    order and their median jumps between them; summed over both orders the cost cancels.
-    An odd last pair is left out (it carries the cost on one side only).
-    """
-    if len(ref_times) < 2:
-        return [r / c for r, c in zip(ref_times, cand_times, strict=True)]
-    return [
-        (ref_times[i] + ref_times[i + 1]) / (cand_times[i] + cand_times[i + 1])
-        for i in range(0, len(ref_times) - 1, 2)
-    ]
-
-
 def _interval_tight(ref_times: list[float], cand_times: list[float], rng: random.Random) -> bool:
     """Whether the speedup's bootstrap 95% interval is within ``_CI_STOP`` of its median."""
-    ratios = _abba_ratios(ref_times, cand_times)
+    ratios = [r / c for r, c in zip(ref_times, cand_times, strict=True)]
     middle = statistics.median(ratios)
     low, high = _bootstrap_ci(ratios, rng, 200)
     return middle > 0 and (high - low) / 2 <= _CI_STOP * middle
