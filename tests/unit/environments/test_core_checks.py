@@ -1,4 +1,4 @@
-"""The core-count and idle checks on constructed measurements: honest work is never blocked."""
+"""The core-count, idle and staging checks on constructed measurements: honest work is never blocked."""
 
 from __future__ import annotations
 
@@ -65,6 +65,36 @@ def test_an_idle_candidate_is_fine_and_a_busy_one_blocks(grading: _Grading) -> N
     assert severities(grading) == []
     grading._check_idle([(0.010, 0.0098, True)] * 20)  # burning a core while it has no call
     assert severities(grading) == ["block"]
+
+
+def staging_findings(
+    grading: _Grading, candidate: list[float], reference: list[float], timed: list[float]
+) -> list[str]:
+    from agentinfra.environments.kernels._grader import _Staging
+
+    grading._staging = _Staging(per_batch=8, size=8 * len(candidate))
+    grading._staging.candidate_cpu.extend(candidate)
+    grading._staging.reference_cpu.extend(reference)
+    grading._staging.candidate_batch_cpu.extend(timed)
+    grading._check_staging()
+    return [f.severity for f in grading.findings if f.check == "staging"]
+
+
+def test_honest_staging_is_never_flagged(grading: _Grading) -> None:
+    # measured on honest submissions: the candidate's staging 0.99-1.04x the reference's;
+    # here 6% over on 3 ms stagings and 8% (0.05 ms) over on small ones, with cheap timed work
+    assert staging_findings(grading, [0.0032] * 22, [0.003] * 22, [0.0005] * 22) == []
+    assert staging_findings(grading, [0.00065] * 22, [0.0006] * 22, [0.0005] * 22) == []
+
+
+def test_outputs_computed_while_staging_block(grading: _Grading) -> None:
+    # precompute_untimed's shape: 30 ms of work moved into each staging, 1.4 ms left timed
+    assert staging_findings(grading, [0.0314] * 22, [0.0014] * 22, [0.0014] * 22) == ["block"]
+
+
+def test_staging_work_in_a_few_batches_only_warns(grading: _Grading) -> None:
+    candidate = [0.002] * 19 + [0.050] * 3
+    assert staging_findings(grading, candidate, [0.002] * 22, [0.010] * 22) == ["warn"]
 
 
 def test_candidate_uids_are_reserved_until_released() -> None:

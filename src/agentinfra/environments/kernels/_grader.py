@@ -69,10 +69,11 @@ Covered:
     0.1 s of wall time or tick resolution could explain the excess.
   - ``staging``: the candidate's CPU from the start of a batch's ``stage``
     request to the start of that timed batch, minus the reference's CPU staging
-    the same bytes. Blocks when the sum over all batches exceeds a tenth of the
-    candidate's timed CPU plus 0.5 ms a batch, and at least half of the batches
-    (and at least 3) exceed that on their own; a warning otherwise. Honest
-    candidates measured 0.91-1.1x the reference's staging CPU.
+    the same bytes from its own copy. Blocks when the sum over all batches
+    exceeds a tenth of the reference's staging plus a tenth of the candidate's
+    timed CPU plus 0.1 ms a batch, and at least half of the batches (and at
+    least 3) exceed that on their own; a warning otherwise. Honest candidates
+    measured 0.99-1.04x the reference's staging CPU.
   - ``threads_processes`` (idle): the candidate's CPU while the reference's
     timed batches run and the candidate has no call, over their wall time.
     Blocks above 0.25 cores plus the allotted threads beyond the first, when
@@ -139,8 +140,9 @@ Not covered:
 - GPU-specific attacks beyond device sync per batch (streams are flagged statically).
   On CUDA the whole timing pool reaches the candidate before timing (not staged),
   so work done then, untimed, is bounded only by the plausibility floor.
-- Precomputation within the ``staging`` allowance: up to a tenth of the timed
-  work plus 0.5 ms a batch could move untimed.
+- Precomputation within the ``staging`` allowance: a tenth of the timed work
+  plus a tenth of the staging plus 0.1 ms a batch could move untimed (on the
+  fastest shipped candidate's 2 ms batches, about a quarter of its work).
 """
 
 from __future__ import annotations
@@ -207,8 +209,11 @@ _SLOW_CALL_S = 0.1
 _SLOW_TIMED_S = 15.0
 """Timed reference work a slow problem's plan aims at, in seconds."""
 _MIN_PAIRS = 6
-_STAGE_SLACK_S = 0.0005
-"""Staging CPU a candidate may spend beyond the reference's per batch, besides a tenth of its timed work."""
+_STAGE_SHARE = 0.1
+_STAGE_SLACK_S = 0.0001
+"""Staging CPU a candidate may spend beyond the reference's, per batch: ``_STAGE_SHARE`` of the
+reference's staging and of its own timed work, plus this (honest candidates: 0.99-1.04x the
+reference's staging, within 0.06 ms a batch)."""
 _CI_STOP = 0.05
 """A slow problem's timing stops once the speedup's 95% interval is within this fraction of its median."""
 _RUNTIME_BYTES = 1 << 30
@@ -306,7 +311,8 @@ class _Staging:
     per_batch: int
     size: int
     ranges: list[tuple[int, int]] = field(default_factory=list)
-    files: list[int] = field(default_factory=list)
+    files: list[tuple[int, int]] = field(default_factory=list)
+    """Per batch: the reference's and the candidate's sealed copy of its bytes."""
     reference_cpu: list[float] = field(default_factory=list)
     candidate_cpu: list[float] = field(default_factory=list)
     candidate_batch_cpu: list[float] = field(default_factory=list)
@@ -925,7 +931,10 @@ class _Grading:
             self._staging = _Staging(per_batch=per_batch, size=size)
             for start, end in zip(starts, ends, strict=True):
                 self._staging.ranges.append((start, end - start))
-                self._staging.files.append(self._batch_file(pool, start, end - start))
+                # one copy per side, made the same way, so that both stage alike
+                self._staging.files.append(
+                    (self._batch_file(pool, start, end - start), self._batch_file(pool, start, end - start))
+                )  # fmt: skip
         pooled = self._reference_call(shared)
         if pooled.header.get("size") != size:
             raise _StopGradingError(
@@ -957,18 +966,19 @@ class _Grading:
         return fd
 
     def _stage(self, index: int, *, reference: bool) -> None:
-        """Batch ``index``'s inputs mapped into one worker (the candidate's from its own file)."""
+        """Batch ``index``'s inputs mapped into one worker, from that worker's own copy."""
         staging = self._staging
         assert staging is not None
         start, length = staging.ranges[index]
         first = index * staging.per_batch
         header = {"op": "stage", "first": first, "count": min(staging.per_batch, staging.size - first),
                   "start": start, "length": length}  # fmt: skip
+        header.update(start=0, base=start, receive_fd=True)
+        self._send_fd(0 if reference else 1, staging.files[index][0 if reference else 1])
         if reference:
             self._reference_call(header)
         else:
-            self._send_fd(1, staging.files[index])
-            self._candidate_call({**header, "start": 0, "base": start, "receive_fd": True}, phase="timing")  # fmt: skip
+            self._candidate_call(header, phase="timing")
 
     def _staged_batch_reference(self, index: int, chunk: list[int]) -> float:
         if self._staging is None:
@@ -1090,34 +1100,39 @@ class _Grading:
 
     def _check_staging(self) -> None:
         """CPU the candidate spent staging batches beyond what the reference spent staging the
-        same bytes the same way.
+        same bytes the same way (each from its own copy, made alike).
 
         Staging maps a batch's inputs just before the batch is timed. A candidate that
         computes its outputs then, untimed, and only returns them from the timed batch,
-        spends the work here instead: blocked when the excess over all batches is more
-        than a tenth of its timed work plus 0.5 ms a batch, and at least half of the
-        batches (and at least 3) exceed that on their own; a warning otherwise.
+        spends the work here instead. Allowed beyond the reference, per batch and over all
+        batches: a tenth of the reference's staging, a tenth of the candidate's timed work
+        and 0.1 ms. Blocks when the total is over and at least half of the batches (and at
+        least 3) are over on their own; a warning when only a few are.
         """
         staging = self._staging
         if staging is None or not staging.candidate_cpu:
             return
-        count = min(len(staging.candidate_cpu), len(staging.reference_cpu))
-        pairs = list(zip(staging.candidate_cpu, staging.reference_cpu, staging.candidate_batch_cpu, strict=False))  # fmt: skip
-        excess = sum(c for c, _, _ in pairs) - sum(r for _, r, _ in pairs)
-        allowed = 0.1 * sum(b for _, _, b in pairs) + _STAGE_SLACK_S * count
-        if excess <= allowed:
+        batches = list(zip(staging.candidate_cpu, staging.reference_cpu, staging.candidate_batch_cpu, strict=False))  # fmt: skip
+
+        def allowed(reference: float, timed: float) -> float:
+            return _STAGE_SHARE * (reference + timed) + _STAGE_SLACK_S
+
+        excess = sum(c - r for c, r, _ in batches)
+        if excess <= sum(allowed(r, t) for _, r, t in batches):
             return
-        over = sum(1 for c, r, b in pairs if c - r > 0.1 * b + _STAGE_SLACK_S)
-        repeated = over >= max(3, (count + 1) // 2)
+        over = sum(1 for c, r, t in batches if c - r > allowed(r, t))
+        repeated = over >= max(3, (len(batches) + 1) // 2)
+        timed = sum(t for _, _, t in batches)
         self._add(
             Finding(
                 check="staging",
                 severity="block" if repeated else "warn",
                 message=f"the candidate used {excess * 1e3:.1f} ms more CPU than the reference staging "
-                f"the same {count} batches of inputs (untimed), against {sum(b for _, _, b in pairs) * 1e3:.1f} ms "
+                f"the same {len(batches)} batches of inputs (untimed), against {timed * 1e3:.1f} ms "
                 "in its timed batches"
                 + ("" if repeated else " (in a few batches only: not counted)"),
-                evidence=f"{over} of {count} batches over a tenth of their timed work plus {_STAGE_SLACK_S * 1e3:.1f} ms",
+                evidence=f"{over} of {len(batches)} batches over a tenth of the reference's staging "
+                f"and of their timed work plus {_STAGE_SLACK_S * 1e3:.1f} ms",
             )
         )
 
