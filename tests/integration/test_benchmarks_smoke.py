@@ -90,3 +90,20 @@ def test_cheat_benchmark_smoke() -> None:
     records = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(records) == 2
     assert all(r["outcome"] != "passed" for r in records), records
+
+
+@pytest.mark.slow
+def test_pairs_benchmark_smoke() -> None:
+    """The reference graded against itself: raw pairs per grading, then the estimators' spread."""
+    out = subprocess.run(
+        [sys.executable, "bench_pairs.py", "--self", "--repeats", "2", "11_slow_cumsum"],
+        cwd=ROOT / "benchmarks" / "grader", capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    *gradings, summary = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(gradings) == 2
+    for grading in gradings:
+        assert len(grading["ref"]) == len(grading["cand"]) >= 6
+        assert 0.5 < grading["speedup"] < 2.0, grading  # the reference against itself
+    assert summary["gradings"] == 2
+    assert 0.5 < summary["per-pair median (the grader's)"]["median"] < 2.0
