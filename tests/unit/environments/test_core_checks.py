@@ -163,3 +163,31 @@ def test_the_workers_allocator_is_fixed_on_glibc() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("copy_file_range", [True, False], ids=["copy_file_range", "read-write"])
+def test_a_batch_file_is_a_sealed_copy_of_its_range(
+    grading: _Grading, monkeypatch: pytest.MonkeyPatch, copy_file_range: bool
+) -> None:
+    import fcntl
+
+    if not copy_file_range:
+
+        def unsupported(*args: object) -> int:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(os, "copy_file_range", unsupported)
+    pool = os.memfd_create("pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    data = os.urandom(3 * 4096 + 100)
+    os.write(pool, data)
+    try:
+        batch = grading._batch_file(pool, 4096, 2 * 4096 + 50)
+        assert os.pread(batch, len(data), 0) == data[4096 : 3 * 4096 + 50]
+        seals = fcntl.fcntl(batch, fcntl.F_GET_SEALS)
+        assert seals & fcntl.F_SEAL_WRITE
+        assert seals & fcntl.F_SEAL_SEAL
+        with pytest.raises(PermissionError):
+            os.pwrite(batch, b"x", 0)
+    finally:
+        os.close(pool)
+        grading.close()
