@@ -191,3 +191,40 @@ def test_a_batch_file_is_a_sealed_copy_of_its_range(
     finally:
         os.close(pool)
         grading.close()
+
+
+@pytest.mark.parametrize("madvise", [True, False], ids=["MADV_POPULATE_READ", "one-byte-per-page"])
+def test_staged_inputs_are_populated_before_they_are_timed(madvise: bool) -> None:
+    """Every page of a staged batch is mapped before its calls run, with either way of doing it."""
+    import ctypes
+    import mmap
+
+    from agentinfra.environments.kernels._worker import _populate
+
+    class NoPopulateRead(mmap.mmap):  # a kernel before 5.14
+        def madvise(self, *args: int) -> None:
+            raise OSError(22, "Invalid argument")
+
+    pages = 8
+    fd = os.memfd_create("batch", os.MFD_CLOEXEC)
+    os.write(fd, os.urandom(pages * mmap.PAGESIZE))
+    kind = mmap.mmap if madvise else NoPopulateRead
+    buffer = kind(
+        fd, pages * mmap.PAGESIZE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+    )
+    os.close(fd)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+    def resident_kib() -> int:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+        for index, line in enumerate(lines):
+            if line.split()[0].split("-")[0] == f"{start:x}":
+                return next(int(x.split()[1]) for x in lines[index:] if x.startswith("Rss:"))
+        raise AssertionError("mapping not found")
+
+    try:
+        assert resident_kib() == 0
+        _populate(buffer)
+        assert resident_kib() == pages * mmap.PAGESIZE // 1024
+    finally:
+        buffer.close()

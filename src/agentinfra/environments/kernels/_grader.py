@@ -305,8 +305,8 @@ def _to_array(item: TensorBytes) -> np.ndarray[Any, Any]:
 
 @dataclass(slots=True)
 class _Staging:
-    """Staged timing inputs (CPU): each batch's byte range in the pool file, the candidate's
-    sealed copy of it, and the CPU each side spent staging each batch."""
+    """Staged timing inputs (CPU): each batch's byte range in the pool file, each side's sealed
+    copy of it, and the CPU each side spent staging each batch."""
 
     per_batch: int
     size: int
@@ -382,10 +382,10 @@ class _Grading:
         self.reference_call_s: float | None = None
         self.eval_mode = False
         self._pool_fds: list[int] = []
+        """The pool file (and on a CPU each batch's two copies), closed by `close`."""
         self._staging: _Staging | None = None
         self._batch_cpu_before: CpuSample | None = None
         """The candidate's CPU sample that started its last timed batch."""
-        """The pool file, writable (the reference's) and read-only (the candidate's)."""
         self._fd_sockets: list[socket.socket] = []
         """Our ends of the Unix sockets that carry the pool file to the reference and the candidate."""
         self._uid_locks: list[int] = []
@@ -899,7 +899,7 @@ class _Grading:
     def _share_pool(self, size: int, per_batch: int) -> bool:
         """``size`` timing inputs from fresh secret seeds: the reference writes them into the pool
         file and this process seals it. On a CPU the inputs are staged (True): each run of
-        ``per_batch`` entries gets its own sealed file for the candidate, and each side maps a
+        ``per_batch`` entries gets two sealed copies, one per side, and each side maps a
         batch's inputs (`_stage`) only just before that batch is timed, so the candidate never
         holds inputs it could work on ahead of time. Elsewhere each worker reads a private
         copy of the whole pool."""
@@ -976,8 +976,7 @@ class _Grading:
         start, length = staging.ranges[index]
         first = index * staging.per_batch
         header = {"op": "stage", "first": first, "count": min(staging.per_batch, staging.size - first),
-                  "start": start, "length": length}  # fmt: skip
-        header.update(start=0, base=start, receive_fd=True)
+                  "length": length, "base": start}  # fmt: skip
         self._send_fd(0 if reference else 1, staging.files[index][0 if reference else 1])
         if reference:
             self._reference_call(header)
@@ -998,13 +997,17 @@ class _Grading:
         if self._staging is None:
             return self._timed_batch_candidate(chunk)
         before = self._cpu()
+        windows = len(self._cpu_windows)
         self._stage(index, reference=False)
         elapsed, commits = self._timed_batch_candidate(chunk, staged=True)
-        window = self._cpu_windows[-1] if self._cpu_windows else None
-        if before is not None and window is not None and self._batch_cpu_before is not None:
+        if (
+            before is not None
+            and self._batch_cpu_before is not None
+            and len(self._cpu_windows) > windows
+        ):
             # from before staging to the timed batch's start: the gap between them included
             self._staging.candidate_cpu.append(self._batch_cpu_before.since(before)[0])
-            self._staging.candidate_batch_cpu.append(window[1])
+            self._staging.candidate_batch_cpu.append(self._cpu_windows[-1][1])
         return elapsed, commits
 
     def _send_fd(self, worker: int, fd: int) -> None:
@@ -1373,6 +1376,7 @@ def _capped(error: str) -> str:
 _GC_PAUSES = 0
 """Gradings of this process inside their timing loop now (`_gc_paused`)."""
 _GC_LOCK = threading.Lock()
+_GC_STATE = {"was_enabled": True}
 
 
 @contextlib.contextmanager
@@ -1398,8 +1402,6 @@ def _gc_paused() -> Iterator[None]:
             if _GC_PAUSES == 0 and _GC_STATE["was_enabled"]:
                 gc.enable()
 
-
-_GC_STATE = {"was_enabled": True}
 
 _CPU_USERS: dict[int, int] = {}
 """CPU -> gradings of this process pinned to it now."""

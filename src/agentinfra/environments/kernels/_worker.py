@@ -4,9 +4,11 @@ Started by the supervisor as ``python -I -m agentinfra.environments.kernels._wor
 FD_IN FD_OUT FD_SOCKET``, or forked into its jail by the grader's fork server, which
 calls `serve` with the same descriptors (inside the sandbox for a candidate). It
 reads `_wire` frames from FD_IN and answers on FD_OUT. FD_SOCKET (a Unix socket)
-delivers the timing inputs' file (a memfd) when a ``pool_make`` or ``pool`` frame
-says ``receive_fd``: writable for the reference, which fills it; the candidate's
-arrives only after the supervisor has sealed it against every write.
+delivers a file (a memfd) just before a ``pool_make`` or ``pool`` frame that says
+``receive_fd`` (the pool file: writable for ``pool_make``, where the reference fills
+it; ``pool`` reads it on CUDA) and before every ``stage`` frame (that batch's own
+copy). Every file a candidate receives was sealed against every write before it
+was sent.
 In a candidate process everything here may be
 patched by the submission, so the supervisor trusts none of its answers: it
 compares output bytes itself, times batches with its own clock and audits
@@ -19,8 +21,9 @@ mode), ``gen`` (reference only: inputs and the expected output for a seed and
 variant; with ``repeat`` the output is computed twice on the same inputs, both
 returned), ``pool_make`` (reference only: the timing inputs of many seeds,
 written into the pool file), ``call`` (one call on given inputs),
-``pool`` (store timing inputs: from the sealed pool file, or from the frame), ``batch`` (timed calls, answers with a hash of
-each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
+``pool`` (store timing inputs: from the sealed pool file, or from the frame;
+with ``staged``, only their layout), ``stage`` (map the next batch's inputs from its
+file), ``batch`` (timed calls, answers with a hash of each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
 FLOP/s and bandwidth), ``exit``.
 """
 
@@ -387,31 +390,20 @@ class Worker:
         return fds[0]
 
     def stage(self, frame: Frame) -> tuple[dict[str, Any], list[TensorBytes]]:
-        """The next batch's inputs: entries ``first`` to ``first + count - 1``, whose bytes are
-        ``length`` bytes at ``start`` of a file (the pool file, or with ``receive_fd`` the
-        batch's own file, where the pool's offset ``base`` is at 0). Mapped private (a write
-        copies the page) and populated for reading, so the timed calls take no page faults
-        but the inputs are not pulled into the caches either, as when they were copied
-        long before."""
+        """The next batch's inputs: entries ``first`` to ``first + count - 1``, whose ``length``
+        bytes are the file received with this frame (a copy of the pool file's bytes from
+        offset ``base``). Mapped private (a write copies the page) and populated for
+        reading, so the timed calls take no page faults but the inputs are not pulled into
+        the caches either, as when they were copied long before."""
         torch = _torch()
         self.staged = []
         layout = self.pool_layout
         first, count = int(frame.header["first"]), int(frame.header["count"])
-        start, length = int(frame.header["start"]), int(frame.header["length"])
-        base = int(frame.header.get("base", start))
-        if frame.header.get("receive_fd"):
-            fd = self._receive_fd()
-        elif self.pool_fd is not None:
-            fd = os.dup(self.pool_fd)
-        else:
-            raise RuntimeError("no pool file to stage from")
+        length, base = int(frame.header["length"]), int(frame.header["base"])
+        fd = self._receive_fd()
         prot = mmap.PROT_READ | mmap.PROT_WRITE
         try:
-            buffer = (
-                mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot, offset=start)
-                if length
-                else None
-            )
+            buffer = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot) if length else None
         finally:
             os.close(fd)
         if buffer is not None:
