@@ -52,7 +52,9 @@ def run_spec(data: Any) -> Any:
     old = {k: v for k, v in data.items() if k not in ("grader", "schema_version")}
     environment = str(data.get("environment", LEGACY_ENVIRONMENT))
     grader = data.get("grader", {})
-    settings = dict(grader) if environment == LEGACY_ENVIRONMENT and isinstance(grader, dict) else {}
+    settings = (
+        dict(grader) if environment == LEGACY_ENVIRONMENT and isinstance(grader, dict) else {}
+    )
     return {**old, "schema_version": 2, "environment": environment, "settings": settings}
 
 
