@@ -142,7 +142,7 @@ M = TypeVar("M", bound=BaseModel)
 S = TypeVar("S", bound=BaseModel)
 
 
-def validated(model: type[M], data: Mapping[str, Any] | BaseModel, *, what: str, knob: str) -> M:
+def _validated(model: type[M], data: Mapping[str, Any] | BaseModel, *, what: str, knob: str) -> M:
     """``data`` as ``model``, or a one-line `ConfigError` naming ``what``, the key, its value and ``knob``
     (a `ConfigError` the model raises itself is passed on as it is).
 
@@ -352,7 +352,7 @@ class EnvironmentDefinition(Generic[S]):
         Raises:
             ConfigError: a key the model does not know or a value it refuses; the message names ``knob``.
         """
-        return validated(self.settings, data, what=f"{self.name} setting", knob=knob)
+        return _validated(self.settings, data, what=f"{self.name} setting", knob=knob)
 
     def new_settings(self, config: Settings) -> S:
         """The settings a new run gets from ``config`` (the ``AGENTINFRA_*`` settings)."""
@@ -364,7 +364,7 @@ class EnvironmentDefinition(Generic[S]):
         Raises:
             ConfigError: an option the model does not know or a value it refuses.
         """
-        model = validated(self.agent_options, data, what=f"{self.name} agent option", knob=knob)
+        model = _validated(self.agent_options, data, what=f"{self.name} agent option", knob=knob)
         return model.model_dump(mode="json", exclude_unset=True)
 
     def open(self, task: Task, settings: Mapping[str, Any] | BaseModel) -> Environment:

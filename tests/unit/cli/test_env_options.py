@@ -49,3 +49,17 @@ def test_bad_options_are_one_line_errors_naming_the_value_and_the_knob(
     with pytest.raises(ConfigError) as error:
         _agent_options(environment_definition(env), NO_FLAGS | flags, pairs)
     assert str(error.value) == message
+
+
+def test_regrade_strict_applies_the_environments_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentinfra.cli._runs import _strict_settings
+    from agentinfra.harness import RunSpec
+
+    kernels = RunSpec(run_id="r", environment="kernels", task="/t.py", settings={"timing_pairs": 7})
+    strict = _strict_settings(kernels)
+    assert (strict["timing_pairs"], strict["correctness_seeds"]) == (14, 4)
+    desktop = RunSpec(run_id="r", environment="desktop", task="/t.json", settings={"mirror": "/m"})
+    assert _strict_settings(desktop) == {"mirror": "/m"}
+    assert "desktop has no stricter grading; regrading as the run was graded" in " ".join(
+        capsys.readouterr().err.split()
+    )
