@@ -34,7 +34,7 @@ from agentinfra.environments.desktop import (
 )
 from agentinfra.environments.desktop._agent import DesktopAgent, executed_actions, read_actions
 from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
-from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents, summarize
+from agentinfra.harness import RunDirectory, agent_run_spec, run_agents, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
@@ -95,7 +95,7 @@ def main() -> None:
             options = {"action_space": solution["action_space"], "track": solution.get("track", "gui-only"),
                        "desktops": args.desktops, "observation": "screenshot"}  # fmt: skip
             spec = agent_run_spec(
-                task.id, task.path, config, GraderSettings(), environment="desktop", options=options
+                task.id, task.path, config, {}, environment="desktop", options=options
             )
             runs.append(
                 RunDirectory.create(Path(folder) / task.id, spec, grader_version="desktop-1")

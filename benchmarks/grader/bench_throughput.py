@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import agentinfra
-from agentinfra.environments import GraderSettings, Submission
+from agentinfra.environments import Submission
 from agentinfra.harness import Budget, RunDirectory, RunHarness, RunSpec, open_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ async def grade_copies(
     problem: Path, submission: Path, copies: int, workers: int, base: Path
 ) -> dict[str, object]:
     spec = RunSpec(run_id=problem.stem, environment="kernels", task=str(problem), agent={"bench": True},
-                   budget=Budget(wall_hours=1), grader=GraderSettings())  # fmt: skip
+                   budget=Budget(wall_hours=1))  # fmt: skip
     environment = open_environment(spec)
     run = RunDirectory.create(base / problem.stem, spec, grader_version=environment.grader_version)
     harness = RunHarness(run, environment, eval_workers=workers)

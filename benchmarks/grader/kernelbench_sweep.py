@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra._settings import load_settings
-from agentinfra.environments import GraderSettings
-from agentinfra.environments.kernels import GradeOptions, Verdict, grade
+from agentinfra.environments.kernels import GradeOptions, KernelSettings, Verdict, grade
 
 
 def problems(root: Path, levels: list[int]) -> list[Path]:
@@ -102,7 +101,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
     # AGENTINFRA_GRADER_* apply, as in `agentinfra grade` (AGENTINFRA_GRADER_MEMORY: the candidate's limit)
-    settings = GraderSettings.from_config(load_settings().grader, timeout_s=args.timeout_s)
+    settings = KernelSettings.from_config(load_settings().grader, timeout_s=args.timeout_s)
     options = GradeOptions.from_settings(settings, device=args.device)
     with tempfile.TemporaryDirectory(prefix="kernelbench-sweep-") as tmp:
         for problem in problems(args.kernelbench, levels):

@@ -25,16 +25,20 @@ from agentinfra.errors import ConfigError
 
 __all__ = [
     "AgentConfig",
+    "DesktopHostConfig",
     "ENV_PREFIX",
+    "EnginesConfig",
     "GraderConfig",
     "HarnessConfig",
     "KVCacheConfig",
     "LogLevel",
     "Settings",
+    "desktop_python_path",
     "format_size",
     "load_settings",
     "parse_bool",
     "parse_size",
+    "vllm_python_path",
 ]
 
 logger = logging.getLogger(__name__)
@@ -219,6 +223,25 @@ class AgentConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DesktopHostConfig:
+    """Where this machine keeps what the desktop environment needs."""
+
+    python: Path | None = None
+    """The desktop's interpreter; None: ``<venv>/desktop/bin/python`` (AGENTINFRA_DESKTOP_PYTHON)."""
+    mirror: Path | None = None
+    """The OSWorld file mirror new desktop runs grade against; None: a ``mirror/`` folder
+    beside the task's folder, if there is one (AGENTINFRA_DESKTOP_MIRROR)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnginesConfig:
+    """Where this machine keeps the inference engines agentinfra starts."""
+
+    vllm_python: Path | None = None
+    """vLLM's interpreter; None: the ``vllm`` venv inside this one (AGENTINFRA_VLLM_PYTHON)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """Every component's config, as built from the environment."""
 
@@ -227,6 +250,8 @@ class Settings:
     grader: GraderConfig = field(default_factory=GraderConfig)
     harness: HarnessConfig = field(default_factory=HarnessConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    desktop: DesktopHostConfig = field(default_factory=DesktopHostConfig)
+    engines: EnginesConfig = field(default_factory=EnginesConfig)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -277,8 +302,29 @@ _KNOWN = frozenset(
         "EVAL_WORKERS",
         "AGENT_CONCURRENCY",
         "AGENT_REQUEST_TIMEOUT_S",
+        "DESKTOP_PYTHON",
+        "DESKTOP_MIRROR",
+        "VLLM_PYTHON",
     )
 )
+
+
+def desktop_python_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``AGENTINFRA_DESKTOP_PYTHON`` of ``environ`` (the process environment when None); None when unset.
+
+    For the desktop session, which starts its interpreter wherever it runs; `load_settings`
+    reads the same variable through here.
+    """
+    return _path(os.environ if environ is None else environ, "DESKTOP_PYTHON")
+
+
+def vllm_python_path(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``AGENTINFRA_VLLM_PYTHON`` of ``environ`` (the process environment when None); None when unset.
+
+    For the vLLM launcher, which starts vLLM wherever it runs; `load_settings` reads the
+    same variable through here.
+    """
+    return _path(os.environ if environ is None else environ, "VLLM_PYTHON")
 
 
 def _log_level(env: Mapping[str, str]) -> LogLevel:
@@ -331,4 +377,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 env, "AGENT_REQUEST_TIMEOUT_S", defaults.agent.request_timeout_s
             ),
         ),
+        desktop=DesktopHostConfig(
+            python=desktop_python_path(env), mirror=_path(env, "DESKTOP_MIRROR")
+        ),
+        engines=EnginesConfig(vllm_python=vllm_python_path(env)),
     )

@@ -32,8 +32,9 @@ from agentinfra.agent import (
     profile_for,
     workspace_tools,
 )
+from agentinfra.environments.kernels import KernelSettings
 from agentinfra.errors import AgentError, ConfigError
-from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents
+from agentinfra.harness import RunDirectory, agent_run_spec, run_agents
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
@@ -430,7 +431,7 @@ def test_many_runs_share_one_loop(tmp_path: Path) -> None:
     with ScriptedModelServer(quick, models=[MODEL]) as server:
         config = LoopConfig(model=MODEL, base_url=server.base_url, max_turns=5)
         for i in range(4):
-            spec = agent_run_spec(f"r{i}", PROBLEM, config, GraderSettings())
+            spec = agent_run_spec(f"r{i}", PROBLEM, config, KernelSettings(), environment="kernels")
             runs.append(RunDirectory.create(tmp_path / f"r{i}", spec, grader_version="1.0.0"))
         started = time.monotonic()
         states = asyncio.run(

@@ -213,11 +213,11 @@ def test_audit_of_every_shipped_task() -> None:
 def test_desktop_behind_the_environment_seam() -> None:
     import asyncio
 
-    from agentinfra.environments import GraderSettings, Submission, environment_definition
+    from agentinfra.environments import Submission, environment_definition
 
     definition = environment_definition("desktop")
     task = definition.load_task(TASKS / "os-rename.json")
-    environment = definition.create(task, GraderSettings())
+    environment = definition.open(task, {})
     solution = load_desktop_task(TASKS / "os-rename.json").solution()
     submission = Submission(
         json.dumps(solution).encode(), name="actions.json", media_type="application/json"

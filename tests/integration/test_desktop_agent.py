@@ -12,7 +12,7 @@ import pytest
 from agentinfra.agent import EndpointLimiter, LoopConfig, ScriptedModelServer
 from agentinfra.environments.desktop import load_desktop_task
 from agentinfra.environments.desktop._policy import CALC_PLANS, CHEAT_PLAN, DesktopPolicy
-from agentinfra.harness import GraderSettings, RunDirectory, agent_run_spec, run_agents
+from agentinfra.harness import RunDirectory, agent_run_spec, run_agents
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
@@ -27,7 +27,7 @@ def start_runs(
     config = LoopConfig(model=MODEL, base_url=server.base_url, max_turns=15, keep_images=3)
     runs = []
     for task_id, options in jobs:
-        spec = agent_run_spec(task_id, TASKS / f"{task_id}.json", config, GraderSettings(), environment="desktop",
+        spec = agent_run_spec(task_id, TASKS / f"{task_id}.json", config, {}, environment="desktop",
                               options=options)  # fmt: skip
         runs.append(RunDirectory.create(tmp_path / task_id, spec, grader_version="desktop-1"))
     return runs

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.environments import GraderSettings, Submission
+from agentinfra.environments import Submission
 from agentinfra.environments.kernels import (
     ENVIRONMENT,
     GradeOptions,
+    KernelSettings,
     Outcome,
     grade,
     grade_async,
@@ -96,7 +97,7 @@ def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
     assert problem is not None
     environment = ENVIRONMENT.create(
         ENVIRONMENT.load_task(PROBLEMS / f"{problem.group(1)}.py"),
-        GraderSettings(timeout_s=QUICK.timeout_s, timing_pairs=QUICK.timing_pairs),
+        KernelSettings(timeout_s=QUICK.timeout_s, timing_pairs=QUICK.timing_pairs),
     )
     evaluation = asyncio.run(environment.evaluate(Submission(cheat.read_bytes(), name=cheat.name)))
     if evaluation.outcome is Outcome.PASSED:

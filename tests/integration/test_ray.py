@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.environments import GraderSettings, Submission
+from agentinfra.environments import Submission
+from agentinfra.environments.kernels import KernelSettings
 from agentinfra.harness import RunDirectory, RunHarness, RunSpec, make_executor, open_environment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,12 @@ def test_run_graded_on_a_local_ray_cluster(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        spec = RunSpec(run_id="ray", task=str(PROBLEM), grader=GraderSettings(timing_pairs=6))
+        spec = RunSpec(
+            run_id="ray",
+            environment="kernels",
+            task=str(PROBLEM),
+            settings=KernelSettings(timing_pairs=6),
+        )
         environment = open_environment(spec)
         run = RunDirectory.create(tmp_path / "run", spec, grader_version=environment.grader_version)
         executor = make_executor("local")

@@ -20,9 +20,9 @@ from agentinfra.agent import Reply, ScriptedModelServer
 from agentinfra.cli import app
 from agentinfra.cli._kv_server import build_store
 from agentinfra.cli._runs import start_spec
-from agentinfra.environments import GraderSettings
-from agentinfra.environments.kernels import GradeOptions
-from agentinfra.harness import RunDirectory, RunLayout
+from agentinfra.environments.kernels import GradeOptions, KernelSettings
+from agentinfra.errors import ConfigError
+from agentinfra.harness import RunDirectory, RunLayout, open_environment
 from agentinfra.kvcache import MemoryTier, ServerConfig, ServerThread, TieredStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,6 +44,9 @@ COVERED = {
     "AGENTINFRA_AGENT_CONCURRENCY": "test_runs_dir_and_agent_settings_reach_run",
     "AGENTINFRA_AGENT_REQUEST_TIMEOUT_S": "test_runs_dir_and_agent_settings_reach_run",
     "AGENTINFRA_EVAL_WORKERS": "test_eval_workers_reach_the_live_run",
+    "AGENTINFRA_DESKTOP_MIRROR": "test_desktop_mirror_reaches_the_run_and_its_environment",
+    "AGENTINFRA_DESKTOP_PYTHON": "test_interpreters_reach_their_launchers",
+    "AGENTINFRA_VLLM_PYTHON": "test_interpreters_reach_their_launchers",
 }
 """Which test below sets each variable and checks where it lands."""
 
@@ -110,10 +113,8 @@ def test_grader_variables_reach_grading_options(tmp_path: Path) -> None:
     env = {"AGENTINFRA_GRADER_TIMEOUT_S": "33", "AGENTINFRA_GRADER_MEMORY": "1GiB",
            "AGENTINFRA_GRADER_MAX_PROCESSES": "17", "AGENTINFRA_GRADER_THREADS": "2",
            "AGENTINFRA_GRADER_DEVICE": "cuda", "AGENTINFRA_GRADER_FORK_SERVER": "off"}  # fmt: skip
-    spec = start_spec(
-        "r", "kernels", PROBLEM, 1.0, load_settings(env).grader
-    )  # what `start` stores
-    stored = GraderSettings.model_validate(json.loads(spec.model_dump_json())["grader"])
+    spec = start_spec("r", "kernels", PROBLEM, 1.0, load_settings(env))  # what `start` stores
+    stored = KernelSettings.model_validate(json.loads(spec.model_dump_json())["settings"])
     options = GradeOptions.from_settings(stored, seed=None)  # what each of the run's gradings uses
     assert (options.timeout_s, options.memory_limit_bytes, options.max_processes, options.threads,
             options.device, options.fork_server) == (33.0, 1 << 30, 17, 2, "cuda", False)  # fmt: skip
@@ -147,12 +148,42 @@ def test_eval_workers_reach_the_live_run(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(runs, "RunHarness", capture)
     run = tmp_path / "run"
-    RunDirectory.create(run, start_spec("r", "kernels", PROBLEM, 1.0, load_settings({}).grader),
+    RunDirectory.create(run, start_spec("r", "kernels", PROBLEM, 1.0, load_settings({})),
                         grader_version="x").close()  # fmt: skip
     RunLayout(run).request_finish()
     result = CliRunner().invoke(app, ["resume", str(run)], env={"AGENTINFRA_EVAL_WORKERS": "5"})
     assert result.exit_code == 0, result.output
     assert seen == [5]
+
+
+def test_desktop_mirror_reaches_the_run_and_its_environment(tmp_path: Path) -> None:
+    task = ROOT / "examples" / "desktop" / "tasks" / "os-mkdir.json"
+    mirror = tmp_path / "mirror"
+    spec = start_spec(
+        "r", "desktop", task, 1.0, load_settings({"AGENTINFRA_DESKTOP_MIRROR": str(mirror)})
+    )
+    assert json.loads(spec.model_dump_json())["settings"] == {
+        "mirror": str(mirror)
+    }  # what `start` stores
+    environment = open_environment(spec)  # what resume, regrade and a Ray worker open
+    assert environment.mirror == mirror  # type: ignore[attr-defined]
+
+
+def test_interpreters_reach_their_launchers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentinfra.environments.desktop._session import desktop_python
+    from agentinfra.kvcache import vllm_python
+
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setenv("AGENTINFRA_DESKTOP_PYTHON", str(python))
+    monkeypatch.setenv("AGENTINFRA_VLLM_PYTHON", str(python))
+    assert desktop_python() == python  # the desktop session starts this interpreter
+    assert vllm_python() == python  # VllmServer starts vLLM with this one
+    monkeypatch.setenv("AGENTINFRA_VLLM_PYTHON", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match=r"no vLLM interpreter at .*missing"):
+        vllm_python()
 
 
 def test_every_variable_has_a_case() -> None:

@@ -18,7 +18,13 @@ from rich.table import Table
 
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
-from agentinfra.environments import Anomaly, GraderSettings, environment_definition
+from agentinfra.cli._runs import DEFAULT_ENVIRONMENT, EnvOption
+from agentinfra.environments import (
+    Anomaly,
+    EnvironmentDefinition,
+    environment_definition,
+    environment_names,
+)
 from agentinfra.errors import AgentInfraError, ConfigError
 from agentinfra.harness import (
     AgentRunState,
@@ -85,7 +91,7 @@ def run_command(
             "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."
         ),
     ],
-    env: Annotated[str, typer.Option("--env", help="Environment (a registered name).")] = "kernels",
+    env: EnvOption = DEFAULT_ENVIRONMENT,
     api_key_env: Annotated[
         str, typer.Option("--api-key-env", help="Environment variable holding the API key.")
     ] = "OPENAI_API_KEY",
@@ -138,6 +144,13 @@ def run_command(
     eval_workers: Annotated[
         int, typer.Option("--eval-workers", help="Gradings at once per run.")
     ] = 1,
+    env_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env-option",
+            help="An option of the environment's agent, KEY=VALUE (repeatable), e.g. track=code.",
+        ),
+    ] = None,
     action_space: Annotated[
         str | None,
         typer.Option("--action-space", help="desktop: computer_use, computer_13 or pyautogui."),
@@ -168,17 +181,10 @@ def run_command(
 ) -> None:
     """Run one agent per task against an OpenAI-compatible model, many at once; each run is graded as it goes."""
     definition = environment_definition(env)
-    given = {"action_space": action_space, "track": track, "observation": observation,
+    flags = {"action_space": action_space, "track": track, "observation": observation,
              "screenshot_width": screenshot_width, "desktops": desktops}  # fmt: skip
-    options = {k: v for k, v in given.items() if v is not None}
-    if options and env != "desktop":
-        raise ConfigError(
-            f"--{next(iter(options)).replace('_', '-')} is a desktop option; this run's --env is {env}"
-        )
-    if env == "desktop":
-        from agentinfra.environments.desktop import DesktopAgentOptions
-
-        DesktopAgentOptions.from_options(options)  # checked before any run is created
+    # checked before any run is created:
+    options = _agent_options(definition, flags, env_option or [])
     files = sorted({Path(p) for pattern in tasks for p in (glob.glob(pattern) or [pattern])})
     missing = [str(p) for p in files if not p.is_file()]
     if missing or not files:
@@ -204,11 +210,11 @@ def run_command(
     root = runs_dir or settings.harness.runs_dir
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1])
-    grader = GraderSettings.from_config(settings.grader)
+    run_settings = definition.new_settings(settings)
     runs = []
     for task in files:
         run_id = f"{task.stem}-{slug}-{stamp}"
-        spec = agent_run_spec(run_id, task, config, grader, environment=env, options=options)
+        spec = agent_run_spec(run_id, task, config, run_settings, environment=env, options=options)
         runs.append(
             RunDirectory.create(root / run_id, spec, grader_version=definition.grader_version)
         )
@@ -236,6 +242,42 @@ def run_command(
     )
     if failed:
         raise typer.Exit(1)
+
+
+def _agent_options(
+    definition: EnvironmentDefinition[Any], flags: dict[str, Any], pairs: list[str]
+) -> dict[str, Any]:
+    """The run's agent options: ``--env-option KEY=VALUE`` pairs, then the named flags that were
+    given, checked by the environment's agent-options model."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"--env-option {pair!r} must be KEY=VALUE, e.g. --env-option track=code"
+            )
+        options[key.strip().replace("-", "_")] = value
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key not in definition.agent_options.model_fields:
+            raise ConfigError(
+                f"--{key.replace('_', '-')} is {_owners(key)} option; this run's --env is {definition.name}"
+            )
+        options[key] = value
+    return definition.options_of(options)
+
+
+def _owners(option: str) -> str:
+    """Which registered environments' agents take ``option``, for an error message ("a desktop")."""
+    owners = []
+    for name in environment_names():
+        try:
+            if option in environment_definition(name).agent_options.model_fields:
+                owners.append(name)
+        except ConfigError:  # an entry point that does not load takes no part in the message
+            continue
+    return f"a {' or '.join(owners)}" if owners else "no registered environment's"
 
 
 def _kv_address(value: str) -> tuple[str, int]:

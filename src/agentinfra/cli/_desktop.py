@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentinfra._settings import load_settings
 from agentinfra.environments.desktop import (
     DesktopConfig,
     audit,
@@ -33,9 +34,17 @@ desktop_app = typer.Typer(help="OSWorld-format desktop tasks: list, run scripted
 
 MirrorOption = Annotated[
     Path | None,
-    typer.Option("--mirror", help="Local file mirror (default: mirror/ beside the tasks folder)."),
+    typer.Option(
+        "--mirror",
+        help="Local file mirror (default: AGENTINFRA_DESKTOP_MIRROR, else mirror/ beside the tasks folder).",
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
+
+
+def _mirror(option: Path | None) -> Path | None:
+    """``--mirror``, else ``AGENTINFRA_DESKTOP_MIRROR`` (None: each task's `default_mirror`)."""
+    return option or load_settings().desktop.mirror
 
 
 def _task_files(paths: list[Path]) -> list[Path]:
@@ -57,10 +66,11 @@ def tasks_command(paths: Annotated[list[Path], typer.Argument(help="Task files o
                   mirror: MirrorOption = None, as_json: JsonOption = False) -> None:  # fmt: skip
     """List tasks as supported or unsupported here, with the reason."""
     table = Table("task", "supported", "reason", "path")
+    mirror = _mirror(mirror)
     for path in _task_files(paths):
         try:
             task = load_desktop_task(path)
-            verdict = support(task, mirror or default_mirror(path))
+            verdict = support(task, default_mirror(path, mirror))
             row = {
                 "task_id": task.id,
                 "path": str(path),
@@ -117,7 +127,7 @@ def run_command(
     import time
 
     episode_dir = out or Path("runs") / "desktop" / f"{task.id}-{time.strftime('%Y%m%d-%H%M%S')}"
-    verdict = run_scripted(task, space, steps, mirror=mirror or default_mirror(task_path), track=track,
+    verdict = run_scripted(task, space, steps, mirror=default_mirror(task_path, _mirror(mirror)), track=track,
                            episode_dir=episode_dir, config=DesktopConfig(width=width, height=height))  # fmt: skip
     if as_json:
         print(json.dumps(verdict.to_json()))
@@ -141,7 +151,7 @@ def audit_command(
     """Flag tasks a do-nothing or FAIL-only episode passes, or whose scripted solution fails."""
     if desktops < 1:
         raise ConfigError(f"--desktops must be at least 1, got {desktops}")
-    rows = audit(_task_files(paths), mirror, workers=desktops)
+    rows = audit(_task_files(paths), _mirror(mirror), workers=desktops)
     table = Table("task", "do-nothing", "FAIL", "solution", "flagged", "reasons")
     for row in rows:
         if as_json:

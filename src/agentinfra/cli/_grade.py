@@ -15,8 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentinfra._settings import load_settings
-from agentinfra.environments import GraderSettings
-from agentinfra.environments.kernels import GradeOptions, Verdict, grade
+from agentinfra.environments.kernels import GradeOptions, KernelSettings, Verdict, grade
 from agentinfra.errors import ConfigError
 
 __all__ = ["grade_command"]
@@ -75,7 +74,7 @@ def grade_command(
     for label, path in (("problem", problem), ("submission", submission)):
         if not path.is_file():
             raise ConfigError(f"{label} {path} does not exist or is not a file")
-    settings = GraderSettings.from_config(
+    settings = KernelSettings.from_config(
         load_settings().grader, threads=threads, timeout_s=timeout_s
     )
     options = GradeOptions.from_settings(settings, device=device)

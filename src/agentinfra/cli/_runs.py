@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agentinfra._settings import GraderConfig, load_settings
+from agentinfra._settings import Settings, load_settings
 from agentinfra.cli._progress import progress_view
-from agentinfra.environments import GraderSettings, environment_definition
+from agentinfra.environments import environment_definition
 from agentinfra.errors import ConfigError
 from agentinfra.harness import (
     Budget,
@@ -29,6 +29,7 @@ from agentinfra.harness import (
     RunLayout,
     RunSpec,
     graded_score,
+    load_recording,
     make_executor,
     open_environment,
     regrade,
@@ -37,9 +38,16 @@ from agentinfra.harness import (
     write_report,
 )
 
-__all__ = ["register"]
+__all__ = ["DEFAULT_ENVIRONMENT", "EnvOption", "register", "start_spec"]
 
 err = Console(stderr=True)
+
+DEFAULT_ENVIRONMENT = "kernels"
+"""The environment of ``start`` and ``run`` without ``--env``: the one default, here in the CLI."""
+EnvOption = Annotated[
+    str,
+    typer.Option("--env", help=f"Environment (a registered name; default {DEFAULT_ENVIRONMENT})."),
+]
 
 
 def _status(harness: RunHarness) -> Table:
@@ -81,16 +89,17 @@ def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: st
     )
 
 
-def start_spec(run_id: str, env: str, task: Path, hours: float, grader: GraderConfig) -> RunSpec:
-    """The spec `start` creates: grading settings from ``AGENTINFRA_GRADER_*``."""
+def start_spec(run_id: str, env: str, task: Path, hours: float, settings: Settings) -> RunSpec:
+    """The spec `start` creates: the environment's settings from ``settings`` (``AGENTINFRA_*``)."""
+    stored = environment_definition(env).new_settings(settings).model_dump(mode="json")
     return RunSpec(run_id=run_id, environment=env, task=str(task.resolve()), budget=Budget(wall_hours=hours),
-                   grader=GraderSettings.from_config(grader))  # fmt: skip
+                   settings=stored)  # fmt: skip
 
 
 def start(
     run_dir: Annotated[Path, typer.Argument(help="New run directory.")],
     task: Annotated[Path, typer.Option("--task", help="Task file (a problem file for kernels).")],
-    env: Annotated[str, typer.Option("--env", help="Environment (a registered name).")] = "kernels",
+    env: EnvOption = DEFAULT_ENVIRONMENT,
     hours: Annotated[float, typer.Option("--hours", help="Wall-clock budget.")] = 12.0,
     eval_workers: Annotated[
         int | None, typer.Option("--eval-workers", help="Submissions graded at once.")
@@ -105,7 +114,7 @@ def start(
     definition = environment_definition(env)
     definition.load_task(task)  # a bad task fails here, before a run directory exists
     settings = load_settings()
-    spec = start_spec(run_id or run_dir.name, env, task, hours, settings.grader)
+    spec = start_spec(run_id or run_dir.name, env, task, hours, settings)
     run = RunDirectory.create(run_dir, spec, grader_version=definition.grader_version)
     try:
         _serve(run, eval_workers or settings.harness.eval_workers, watch, cluster)
@@ -158,7 +167,11 @@ def finish(run_dir: Annotated[Path, typer.Argument(help="Run directory.")]) -> N
 def regrade_command(
     run_dir: Annotated[Path, typer.Argument(help="Run directory.")],
     strict: Annotated[
-        bool, typer.Option("--strict", help="More seeds and timing pairs than the run used.")
+        bool,
+        typer.Option(
+            "--strict",
+            help="The environment's stricter grading (kernels: twice the seeds and timing pairs).",
+        ),
     ] = False,
     eval_workers: Annotated[
         int | None,
@@ -171,13 +184,7 @@ def regrade_command(
     try:
         spec = run.spec
         if strict:
-            grader = spec.grader.model_copy(
-                update={
-                    "correctness_seeds": spec.grader.correctness_seeds * 2,
-                    "timing_pairs": spec.grader.timing_pairs * 2,
-                }
-            )
-            spec = spec.model_copy(update={"grader": grader})
+            spec = spec.model_copy(update={"settings": _strict_settings(spec)})
         environment = open_environment(spec)
         with progress_view(err) as on_progress:
             changes = asyncio.run(
@@ -210,6 +217,19 @@ def regrade_command(
         )
     Console().print(table)
     Console().print(f"{sum(c.is_changed for c in changes)} of {len(changes)} outcomes changed")
+
+
+def _strict_settings(spec: RunSpec) -> dict[str, Any]:
+    """The run's settings under its environment's strict-regrade rule (unchanged where it has none)."""
+    definition = environment_definition(spec.environment)
+    settings = definition.settings_of(spec.settings)
+    if definition.strict_settings is None:
+        err.print(
+            f"note: {spec.environment} has no stricter grading; regrading as the run was graded"
+        )
+        return spec.settings
+    strict: dict[str, Any] = definition.strict_settings(settings).model_dump(mode="json")
+    return strict
 
 
 def report(
@@ -247,19 +267,27 @@ def replay_run(
         typer.Option("--eval-workers", help="Gradings at once (AGENTINFRA_EVAL_WORKERS)."),
     ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="Fewer timing pairs (faster, noisier).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="The environment's quicker grading (kernels: fewer timing pairs; noisier).",
+        ),
     ] = False,
 ) -> None:
     """Replay a recorded long-horizon run through the real harness and grader, then report."""
     settings = load_settings()
-    grader = GraderSettings.from_config(settings.grader, timing_pairs=8 if quick else None)
+    definition = environment_definition(load_recording(recording)["environment"])
+    chosen = definition.new_settings(settings)
+    if quick and definition.quick_settings is not None:
+        chosen = definition.quick_settings(chosen)
+    elif quick:
+        err.print(f"note: {definition.name} has no quicker grading; --quick changes nothing")
     eval_workers = eval_workers or settings.harness.eval_workers
     with progress_view(err) as on_progress:
         run = asyncio.run(
-            replay_recording(
-                recording, out, eval_workers=eval_workers, grader=grader, on_progress=on_progress
-            )
-        )
+            replay_recording(recording, out, eval_workers=eval_workers,
+                             settings=chosen.model_dump(mode="json"), on_progress=on_progress)
+        )  # fmt: skip
         try:
             environment = open_environment(run.spec)
             asyncio.run(

@@ -12,6 +12,7 @@ from agentinfra.environments._registry import (
     environment_definition,
     environment_names,
     register_environment,
+    unregister_environment,
 )
 from agentinfra.environments._types import (
     EVALUATION_SCHEMA_VERSION,
@@ -22,7 +23,7 @@ from agentinfra.environments._types import (
     EnvironmentDefinition,
     Evaluation,
     Finding,
-    GraderSettings,
+    NoSettings,
     Outcome,
     RunView,
     ScoreSpec,
@@ -41,7 +42,7 @@ __all__ = [
     "EnvironmentDefinition",
     "Evaluation",
     "Finding",
-    "GraderSettings",
+    "NoSettings",
     "Outcome",
     "RunView",
     "ScoreSpec",
@@ -51,4 +52,5 @@ __all__ = [
     "environment_definition",
     "environment_names",
     "register_environment",
+    "unregister_environment",
 ]

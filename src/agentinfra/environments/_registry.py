@@ -7,7 +7,8 @@ asked for); a third-party package adds one through an entry point in the
     [project.entry-points."agentinfra.environments"]
     myenv = "mypackage.env:DEFINITION"
 
-`register_environment` adds one at run time (tests, notebooks).
+`register_environment` adds one at run time (tests, notebooks) and
+`unregister_environment` takes it away again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib.metadata import entry_points
+from typing import Any
 
 from agentinfra.environments._types import EnvironmentDefinition
 from agentinfra.errors import ConfigError
@@ -24,6 +26,7 @@ __all__ = [
     "environment_definition",
     "environment_names",
     "register_environment",
+    "unregister_environment",
 ]
 
 ENTRY_POINT_GROUP = "agentinfra.environments"
@@ -31,11 +34,11 @@ _BUILTIN = {
     "kernels": "agentinfra.environments.kernels:ENVIRONMENT",
     "desktop": "agentinfra.environments.desktop:ENVIRONMENT",
 }
-_registered: dict[str, EnvironmentDefinition] = {}
+_registered: dict[str, EnvironmentDefinition[Any]] = {}
 _lock = threading.Lock()
 
 
-def register_environment(definition: EnvironmentDefinition, *, replace: bool = False) -> None:
+def register_environment(definition: EnvironmentDefinition[Any], *, replace: bool = False) -> None:
     """Adds ``definition`` under its name.
 
     Raises:
@@ -45,6 +48,13 @@ def register_environment(definition: EnvironmentDefinition, *, replace: bool = F
         if definition.name in _registered and not replace:
             raise ConfigError(f"environment {definition.name!r} is already registered")
         _registered[definition.name] = definition
+
+
+def unregister_environment(name: str) -> None:
+    """Forgets the definition registered (or loaded) as ``name``; a built-in or an entry point
+    is loaded again when next asked for. Nothing happens when there is none."""
+    with _lock:
+        _registered.pop(name, None)
 
 
 def _sources() -> dict[str, str]:
@@ -60,7 +70,7 @@ def environment_names() -> list[str]:
     return sorted(set(_sources()) | set(_registered))
 
 
-def environment_definition(name: str) -> EnvironmentDefinition:
+def environment_definition(name: str) -> EnvironmentDefinition[Any]:
     """The definition registered as ``name`` (loaded on first use).
 
     Raises:

@@ -2,7 +2,9 @@
 
 An environment (kernels, desktop, a third party's) is registered by name with an
 `EnvironmentDefinition`: how it loads a task, how it creates an `Environment` for
-one task, its grader version and what its score means (`ScoreSpec`). An
+one task, its grader version, what its score means (`ScoreSpec`), and the models of
+its own settings and agent options (pydantic, validated through the definition
+wherever they are read back: ``run.json``, a Ray worker, the CLI). An
 `Environment` evaluates `Submission`\\ s (content-addressed bytes, never a path)
 into `Evaluation`\\ s, says what the agent may see of one, and gives the agent
 its tools and prompts (`AgentSetup`).
@@ -18,12 +20,13 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentinfra._settings import GraderConfig
+from agentinfra._settings import Settings
 from agentinfra.agent import Tool
+from agentinfra.errors import ConfigError
 
 __all__ = [
     "EVALUATION_SCHEMA_VERSION",
@@ -35,7 +38,7 @@ __all__ = [
     "EnvironmentDefinition",
     "Evaluation",
     "Finding",
-    "GraderSettings",
+    "NoSettings",
     "Outcome",
     "ScoreSpec",
     "Severity",
@@ -129,39 +132,39 @@ class Task:
         return hashlib.sha256(self.data).hexdigest()
 
 
-class GraderSettings(BaseModel):
-    """How a run's submissions are graded; stored in ``run.json`` (``spec.grader``).
-
-    Built from the ``AGENTINFRA_GRADER_*`` settings by `from_config`, the one
-    conversion; an environment turns it into its own options in one place.
-    """
+class NoSettings(BaseModel):
+    """The settings model (or agent-options model) of an environment that has none."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    threads: int = Field(default=1, ge=1)
-    timeout_s: float = Field(default=120.0, gt=0)
-    timing_pairs: int = Field(default=20, ge=3)
-    correctness_seeds: int = Field(default=2, ge=1)
-    memory_limit_bytes: int = Field(default=4 << 30, ge=64 << 20)
-    max_processes: int = Field(default=64, ge=1)
-    device: Literal["cpu", "cuda"] = "cpu"
-    """Where kernels are graded (AGENTINFRA_GRADER_DEVICE)."""
-    fork_server: bool = True
-    """Fork CPU workers from a zygote with torch imported (AGENTINFRA_GRADER_FORK_SERVER)."""
 
-    @classmethod
-    def from_config(cls, config: GraderConfig, **overrides: Any) -> GraderSettings:
-        """The settings of ``config`` (the environment's ``AGENTINFRA_GRADER_*``), with overrides."""
-        values: dict[str, Any] = {
-            "threads": config.threads,
-            "timeout_s": config.timeout_s,
-            "memory_limit_bytes": config.memory_limit_bytes,
-            "max_processes": config.max_processes,
-            "device": config.device,
-            "fork_server": config.fork_server,
-        }
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+M = TypeVar("M", bound=BaseModel)
+S = TypeVar("S", bound=BaseModel)
+
+
+def _validated(model: type[M], data: Mapping[str, Any] | BaseModel, *, what: str, knob: str) -> M:
+    """``data`` as ``model``, or a one-line `ConfigError` naming ``what``, the key, its value and ``knob``
+    (a `ConfigError` the model raises itself is passed on as it is).
+
+    Raises:
+        ConfigError: an unknown key (the message lists the known ones) or a value the model refuses.
+    """
+    if isinstance(data, model):
+        return data
+    values = data.model_dump(mode="json") if isinstance(data, BaseModel) else dict(data)
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(p) for p in error["loc"])
+        cause = (error.get("ctx") or {}).get("error")
+        if isinstance(cause, ConfigError):  # the model's own check: its message names the knob
+            raise cause from None
+        if error["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields) or "none"
+            raise ConfigError(f"{what}: unknown {key!r}; known: {known} ({knob})") from None
+        shown = f"{key}={values[key]!r}" if key in values else key or "value"
+        raise ConfigError(f"{what}: {shown}: {error['msg']} ({knob})") from None
 
 
 class Evaluation(BaseModel):
@@ -190,31 +193,9 @@ class Evaluation(BaseModel):
         return self.model_dump(mode="json")
 
     @classmethod
-    def from_json(
-        cls, data: Mapping[str, Any], *, environment: str = "", score_unit: str = ""
-    ) -> Evaluation:
-        """Reads a stored evaluation; a schema-1 kernel verdict (``speedup``, no ``score``) is converted."""
-        if data.get("schema_version") == EVALUATION_SCHEMA_VERSION:
-            return cls.model_validate(data)
-        known = {
-            "schema_version",
-            "outcome",
-            "correct",
-            "speedup",
-            "speedup_ci",
-            "findings",
-            "provenance",
-            "error",
-        }
-        ci = data.get("speedup_ci")
-        return cls(
-            environment=environment or "kernels", outcome=Outcome(str(data.get("outcome", "grader_error"))),
-            correct=bool(data.get("correct")), score=data.get("speedup"), score_unit=score_unit or "speedup",
-            score_ci=(float(ci[0]), float(ci[1])) if isinstance(ci, (list, tuple)) and len(ci) == 2 else None,
-            findings=[Finding.model_validate(f) for f in data.get("findings", [])],
-            provenance=dict(data.get("provenance") or {}), error=data.get("error"),
-            details={k: v for k, v in data.items() if k not in known} | {"speedup": data.get("speedup")},
-        )  # fmt: skip
+    def from_json(cls, data: Mapping[str, Any]) -> Evaluation:
+        """Reads an evaluation of this schema (older ones: ``agentinfra.harness``'s migrations)."""
+        return cls.model_validate(data)
 
     @property
     def is_hack(self) -> bool:
@@ -272,7 +253,9 @@ class Environment(Protocol):
     def task(self) -> Task: ...
 
     @property
-    def settings(self) -> GraderSettings: ...
+    def settings(self) -> BaseModel:
+        """This run's settings: an instance of its definition's settings model."""
+        ...
 
     async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
         """The trusted evaluation of ``submission``; ``seed`` None means fresh secret seeds."""
@@ -327,9 +310,17 @@ class Anomaly:
                 "step": self.step, "turn": self.turn}  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class EnvironmentDefinition:
-    """A registered environment: what the registry and entry points hand out."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EnvironmentDefinition(Generic[S]):
+    """A registered environment: what the registry and entry points hand out.
+
+    It declares everything the harness and the CLI need to know about it, so neither
+    branches on its name: its settings model (what ``run.json`` stores as
+    ``spec.settings``), how a new run's settings come from the ``AGENTINFRA_*``
+    settings, its agent-options model (``run.json``'s ``agent.options``, the CLI's
+    ``--env-option KEY=VALUE``), and the settings ``regrade --strict`` and
+    ``replay-run --quick`` grade with.
+    """
 
     name: str
     description: str
@@ -337,7 +328,45 @@ class EnvironmentDefinition:
     score: ScoreSpec
     load_task: Callable[[Path], Task]
     """Reads a task from a path; raises `ConfigError` naming the path when it is not one."""
-    create: Callable[[Task, GraderSettings], Environment]
+    settings: type[S]
+    """Its settings model (a frozen pydantic model); `NoSettings` for an environment without any."""
+    create: Callable[[Task, S], Environment]
+    """The environment of one task, graded with the given settings."""
+    settings_from: Callable[[Settings], S] | None = None
+    """A new run's settings from the process settings (`load_settings`); None: the model's defaults."""
+    agent_options: type[BaseModel] = NoSettings
+    """The model of its agent's options; `NoSettings`: its agent takes none."""
+    strict_settings: Callable[[S], S] | None = None
+    """The settings ``regrade --strict`` grades with, given the run's; None: nothing stricter."""
+    quick_settings: Callable[[S], S] | None = None
+    """The settings ``replay-run --quick`` grades with (faster, noisier); None: nothing quicker."""
     find_anomalies: Callable[[Sequence[RunView], Path | None], list[Anomaly]] | None = None
     """Anomalies over agent runs of this environment (``runs``, and the environment's task
     audit file when given); None: the environment looks for none beyond its verdicts' findings."""
+
+    def settings_of(
+        self, data: Mapping[str, Any] | BaseModel, *, knob: str = "run.json spec.settings"
+    ) -> S:
+        """``data`` (stored settings, as JSON) validated by the settings model.
+
+        Raises:
+            ConfigError: a key the model does not know or a value it refuses; the message names ``knob``.
+        """
+        return _validated(self.settings, data, what=f"{self.name} setting", knob=knob)
+
+    def new_settings(self, config: Settings) -> S:
+        """The settings a new run gets from ``config`` (the ``AGENTINFRA_*`` settings)."""
+        return self.settings() if self.settings_from is None else self.settings_from(config)
+
+    def options_of(self, data: Mapping[str, Any], *, knob: str = "--env-option") -> dict[str, Any]:
+        """Agent options checked by the agent-options model; returns the given ones as JSON.
+
+        Raises:
+            ConfigError: an option the model does not know or a value it refuses.
+        """
+        model = _validated(self.agent_options, data, what=f"{self.name} agent option", knob=knob)
+        return model.model_dump(mode="json", exclude_unset=True)
+
+    def open(self, task: Task, settings: Mapping[str, Any] | BaseModel) -> Environment:
+        """`create` with ``settings`` validated first (as stored in a run, or shipped to a worker)."""
+        return self.create(task, self.settings_of(settings))

@@ -34,7 +34,7 @@ from agentinfra.harness._report import (
     write_report,
 )
 from agentinfra.harness._rundir import FINISH_MARKER, RunDirectory, RunLayout, StoredSubmission
-from agentinfra.harness._spec import Budget, GraderSettings, RunInfo, RunSpec
+from agentinfra.harness._spec import Budget, RunInfo, RunSpec
 from agentinfra.harness._summary import (
     SUMMARY_SCHEMA_VERSION,
     find_anomalies,
@@ -51,7 +51,6 @@ __all__ = [
     "Event",
     "Executor",
     "FINISH_MARKER",
-    "GraderSettings",
     "JOURNAL_SCHEMA_VERSION",
     "Journal",
     "LocalExecutor",

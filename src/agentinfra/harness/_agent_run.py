@@ -19,10 +19,12 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from agentinfra.agent import (
     AgentLoop,
@@ -33,7 +35,7 @@ from agentinfra.agent import (
     Transcript,
     profile_for,
 )
-from agentinfra.environments import AgentHooks, GraderSettings, Submission
+from agentinfra.environments import AgentHooks, Submission
 from agentinfra.errors import ConfigError
 from agentinfra.harness._environment import open_environment
 from agentinfra.harness._harness import RunHarness, graded_score
@@ -83,11 +85,14 @@ def agent_run_spec(
     run_id: str,
     task: Path,
     config: LoopConfig,
-    grader: GraderSettings,
+    settings: BaseModel | Mapping[str, Any],
     *,
-    environment: str = "kernels",
+    environment: str,
     options: dict[str, Any] | None = None,
 ) -> RunSpec:
+    """An agent run's spec: ``settings`` are ``environment``'s own (a model or its JSON)."""
+    if isinstance(settings, BaseModel):
+        settings = settings.model_dump(mode="json")
     return RunSpec(
         run_id=run_id,
         environment=environment,
@@ -96,7 +101,7 @@ def agent_run_spec(
         budget=Budget(
             wall_hours=config.wall_hours, tokens=config.max_tokens, cost_usd=config.max_cost_usd
         ),
-        grader=grader,
+        settings=dict(settings),
     )
 
 

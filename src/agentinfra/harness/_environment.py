@@ -28,7 +28,7 @@ def open_environment(spec: RunSpec, *, base: Path | None = None) -> Environment:
     task = Path(spec.task)
     if not task.is_absolute() and base is not None:
         task = base / task
-    return definition.create(definition.load_task(task), spec.grader)
+    return definition.open(definition.load_task(task), spec.settings)
 
 
 class Executor(Protocol):

@@ -2,8 +2,9 @@
 
 Ray is the existing distributed engine; agentinfra only ships each evaluation to
 it. What travels is the environment's name, its task and the submission as bytes,
-and the grader settings; the Ray worker opens the environment through the
-registry and evaluates there. Each node needs agentinfra (and the environment's
+and the environment's settings as JSON; the Ray worker opens the environment
+through the registry (which validates the settings by the environment's own
+model) and evaluates there. Each node needs agentinfra (and the environment's
 own requirements: for kernels, ``unshare`` and ``setpriv``). Install with
 ``pip install 'agentinfra[ray]'``.
 """
@@ -16,7 +17,6 @@ from typing import Any
 from agentinfra.environments import (
     Environment,
     Evaluation,
-    GraderSettings,
     Submission,
     Task,
     environment_definition,
@@ -30,7 +30,7 @@ def _evaluate_remote(
     name: str, task: Task, settings: dict[str, Any], submission: Submission, seed: int | None
 ) -> dict[str, Any]:
     """Runs in a Ray worker: opens the environment by name and evaluates."""
-    environment = environment_definition(name).create(task, GraderSettings.model_validate(settings))
+    environment = environment_definition(name).open(task, settings)
     return asyncio.run(environment.evaluate(submission, seed=seed)).to_json()
 
 
@@ -55,7 +55,11 @@ class RayExecutor:
         self, environment: Environment, submission: Submission, *, seed: int | None = None
     ) -> Evaluation:
         reference = self._remote.remote(
-            environment.name, environment.task, environment.settings.model_dump(), submission, seed
+            environment.name,
+            environment.task,
+            environment.settings.model_dump(mode="json"),
+            submission,
+            seed,
         )
         result: dict[str, Any] = await asyncio.wrap_future(reference.future())
         return Evaluation.model_validate(result)

@@ -2,22 +2,25 @@
 
 A recording is ``recording.json`` beside its submission files::
 
-    {"schema_version": 1, "run_id": "...", "environment": "kernels" (the default),
+    {"schema_version": 1, "run_id": "...", "environment": "kernels",
      "task": "<task path, relative to the recording>", "hours": 12,
      "submissions": [{"t_hours": 0.4, "turn": 3, "file": "submissions/01.py", "note": "..."}]}
 
 Replay is time-compressed (submissions carry their recorded run time) and the
-grading is real.
+grading is real. A recording without ``environment`` is read as one of kernels
+(`_migrations`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentinfra.environments import GraderSettings, Submission
+from agentinfra.environments import Submission
 from agentinfra.errors import HarnessError
+from agentinfra.harness import _migrations
 from agentinfra.harness._environment import Executor, open_environment
 from agentinfra.harness._harness import RunHarness
 from agentinfra.harness._progress import OnProgress, ProgressTracker
@@ -28,7 +31,7 @@ __all__ = ["load_recording", "replay_recording"]
 
 
 def load_recording(path: Path) -> dict[str, Any]:
-    """Reads and checks a recording.
+    """Reads and checks a recording; ``environment`` is always there (`_migrations`).
 
     Raises:
         HarnessError: unreadable, another schema version, or a listed file is missing.
@@ -45,22 +48,27 @@ def load_recording(path: Path) -> dict[str, Any]:
     for item in data.get("submissions", []):
         if not (file.parent / item["file"]).is_file():
             raise HarnessError(f"recording {file} lists {item['file']}, which does not exist")
+    data["environment"] = _migrations.recording_environment(data)
     data["_base"] = str(file.parent)
     return data
 
 
 async def replay_recording(
-    recording: Path, out: Path, *, eval_workers: int = 2, grader: GraderSettings | None = None,
+    recording: Path, out: Path, *, eval_workers: int = 2,
+    settings: Mapping[str, Any] | None = None,
     executor: Executor | None = None, on_progress: OnProgress | None = None,
 ) -> RunDirectory:  # fmt: skip
-    """Creates a run at ``out`` and feeds it the recorded submissions; returns the open run."""
+    """Creates a run at ``out`` and feeds it the recorded submissions; returns the open run.
+
+    ``settings`` are the recording's environment's, as JSON (None: its settings model's defaults).
+    """
     data = load_recording(recording)
     base = Path(data["_base"])
     task = (base / data["task"]).resolve()
     spec = RunSpec(
-        run_id=str(data.get("run_id", out.name)), environment=str(data.get("environment", "kernels")),
+        run_id=str(data.get("run_id", out.name)), environment=str(data["environment"]),
         task=str(task), agent={"recorded": True, "model": data.get("model", "recorded")},
-        budget=Budget(wall_hours=float(data.get("hours", 12))), grader=grader or GraderSettings(),
+        budget=Budget(wall_hours=float(data.get("hours", 12))), settings=dict(settings or {}),
     )  # fmt: skip
     environment = open_environment(spec)
     run = RunDirectory.create(out, spec, grader_version=environment.grader_version)

@@ -40,6 +40,7 @@ from agentinfra._pidlock import try_lock
 from agentinfra.environments import Evaluation, Submission
 from agentinfra.errors import HarnessError
 from agentinfra.harness._journal import Journal
+from agentinfra.harness._migrations import read_evaluation
 from agentinfra.harness._spec import RunInfo, RunSpec
 
 __all__ = [
@@ -358,9 +359,7 @@ class RunDirectory:
         if not path.is_file():
             return None
         try:
-            return Evaluation.from_json(
-                json.loads(path.read_bytes()), environment=self.spec.environment
-            )
+            return read_evaluation(json.loads(path.read_bytes()), environment=self.spec.environment)
         except (ValueError, ValidationError):
             return None
 

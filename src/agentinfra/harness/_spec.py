@@ -1,4 +1,4 @@
-"""`RunSpec`: what a run is (environment, task, agent, budget, grader), and `run.json`."""
+"""`RunSpec`: what a run is (environment, task, agent, budget, the environment's settings), and `run.json`."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentinfra.environments import GraderSettings
+from agentinfra.harness import _migrations
 
-__all__ = ["RUN_SCHEMA_VERSION", "Budget", "GraderSettings", "RunInfo", "RunSpec"]
+__all__ = ["RUN_SCHEMA_VERSION", "SPEC_SCHEMA_VERSION", "Budget", "RunInfo", "RunSpec"]
 
 RUN_SCHEMA_VERSION = 1
+SPEC_SCHEMA_VERSION = 2
+"""2: the environment's own ``settings`` (1 held the kernel grader's as ``grader``; `_migrations`)."""
 
 
 class Budget(BaseModel):
@@ -26,29 +28,30 @@ class Budget(BaseModel):
 class RunSpec(BaseModel):
     """One agent on one task of one environment.
 
-    ``environment`` is a registered environment's name (checked when the run's
-    environment is opened, so a run of an uninstalled environment can still be read).
-    Hidden grading seeds are fresh from the OS for every grading, so a run has no seed;
-    ``seed`` in run.json files written before it was dropped is accepted and ignored.
+    ``environment`` is a registered environment's name; ``settings`` are that
+    environment's own (its definition's settings model, as JSON: a model instance
+    given here is stored as its JSON). Both are checked when the run's environment
+    is opened (`EnvironmentDefinition.open`), so a run of an uninstalled
+    environment can still be read. Hidden grading seeds are fresh from the OS for
+    every grading, so a run has no seed. Older shapes are read by `_migrations`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     run_id: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$")
-    environment: str = Field(
-        default="kernels", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$"
-    )
+    environment: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._-]+$")
     task: str = Field(min_length=1)
     agent: dict[str, Any] = Field(default_factory=dict)
     budget: Budget = Field(default_factory=Budget)
-    grader: GraderSettings = Field(default_factory=GraderSettings)
+    settings: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
-    def _drop_legacy_seed(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "seed" in data:
-            return {k: v for k, v in data.items() if k != "seed"}
+    def _current_shape(cls, data: Any) -> Any:
+        data = _migrations.run_spec(data)
+        if isinstance(data, dict) and isinstance(data.get("settings"), BaseModel):
+            return {**data, "settings": data["settings"].model_dump(mode="json")}
         return data
 
 

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentinfra.environments import Anomaly, Evaluation, RunView, environment_definition
+from agentinfra.environments import Anomaly, RunView, environment_definition
 from agentinfra.errors import AgentInfraError, HarnessError
 from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
+from agentinfra.harness._migrations import read_evaluation
 from agentinfra.harness._rundir import RunDirectory, RunLayout, atomic_write
 
 __all__ = ["SUMMARY_SCHEMA_VERSION", "find_anomalies", "run_view", "summarize", "write_summary"]
@@ -66,9 +67,7 @@ def _findings(
             continue
         path = layout.evaluation_path(sub["sha256"], str(sub["grader_version"]))
         try:
-            evaluation = Evaluation.from_json(
-                json.loads(path.read_bytes()), environment=environment
-            )
+            evaluation = read_evaluation(json.loads(path.read_bytes()), environment=environment)
         except (OSError, ValueError):
             continue
         for finding in evaluation.findings:

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from agentinfra._settings import vllm_python_path
 from agentinfra.errors import ConfigError
 
 __all__ = [
@@ -40,9 +41,7 @@ SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _vllm_python_path() -> Path:
-    return Path(
-        os.environ.get("AGENTINFRA_VLLM_PYTHON") or Path(sys.prefix) / "vllm" / "bin" / "python"
-    )
+    return vllm_python_path() or Path(sys.prefix) / "vllm" / "bin" / "python"
 
 
 def vllm_python() -> Path:

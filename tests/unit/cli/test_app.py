@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import typer
 from typer.testing import CliRunner
 
 import agentinfra
@@ -18,11 +19,27 @@ def test_version() -> None:
     assert result.stdout.strip() == f"agentinfra {agentinfra.__version__}"
 
 
-def test_help_lists_commands() -> None:
+COMMANDS = ["info", "grade", "start", "resume", "submit", "finish", "regrade", "report", "replay-run",
+            "run", "export", "summary", "kv", "desktop"]  # fmt: skip
+SUBCOMMANDS = {
+    "kv": ["compare", "demo", "explain", "gen-trace", "replay", "serve", "stats"],
+    "desktop": ["audit", "run", "tasks"],
+}
+
+
+def test_help_lists_every_command_in_order_with_its_summary() -> None:
     result = runner.invoke(app, ["--help"])
-    assert result.exit_code == 0
-    assert "info" in result.stdout
+    assert result.exit_code == 0, result.output
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    assert list(commands) == COMMANDS
+    text = " ".join(result.stdout.split())
+    for name, command in commands.items():
+        summary = " ".join((command.help or "").split("\n\n")[0].split())
+        assert summary, f"{name} has no help"
+        assert f"{name} {summary[:40]}" in text.replace("│ ", "").replace(" │", ""), name
     assert "--log-level" in result.stdout
+    for group, names in SUBCOMMANDS.items():
+        assert sorted(commands[group].commands) == names  # type: ignore[attr-defined]
 
 
 def test_info_json() -> None:

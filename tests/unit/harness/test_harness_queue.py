@@ -12,7 +12,7 @@ from agentinfra.environments import (
     AgentHooks,
     AgentSetup,
     Evaluation,
-    GraderSettings,
+    NoSettings,
     Outcome,
     ScoreSpec,
     Submission,
@@ -29,7 +29,7 @@ class FakeEnvironment:
     grader_version = "fake-1"
     score = ScoreSpec(unit="points")
     task = Task("task", b"")
-    settings = GraderSettings()
+    settings = NoSettings()
 
     def __init__(self) -> None:
         self.graded: list[Submission] = []

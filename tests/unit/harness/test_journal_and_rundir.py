@@ -81,7 +81,7 @@ def test_full_disk_is_reported_and_nothing_acknowledged(
 def spec(tmp_path: Path) -> RunSpec:
     task = tmp_path / "task.py"
     task.write_text("x = 1\n")
-    return RunSpec(run_id="r1", task=str(task))
+    return RunSpec(run_id="r1", environment="kernels", task=str(task))
 
 
 def test_run_directory_round_trip_and_content_addressing(tmp_path: Path) -> None:

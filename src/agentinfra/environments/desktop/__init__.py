@@ -11,7 +11,6 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS, ActionError
-from agentinfra.environments.desktop._agent import DesktopAgentOptions
 from agentinfra.environments.desktop._environment import (
     ENVIRONMENT,
     SCORE,
@@ -24,6 +23,7 @@ from agentinfra.environments.desktop._environment import (
     run_scripted,
 )
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
+from agentinfra.environments.desktop._options import DesktopAgentOptions, DesktopSettings
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import (
     DesktopTask,
@@ -40,6 +40,7 @@ __all__ = [
     "DesktopConfig",
     "DesktopEnvironment",
     "DesktopSession",
+    "DesktopSettings",
     "DesktopTask",
     "DesktopVerdict",
     "ENVIRONMENT",

@@ -43,73 +43,28 @@ import signal
 import stat
 import tarfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult, Transcript
 from agentinfra.environments import AgentHooks, AgentSetup, Submission
 from agentinfra.environments.desktop._a11y import flatten_accessibility
-from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS, ActionError, plan
+from agentinfra.environments.desktop._actions import ActionError, plan
 from agentinfra.environments.desktop._episode import run_setup_step, snapshot_home
+from agentinfra.environments.desktop._options import DesktopAgentOptions
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask
-from agentinfra.errors import ConfigError, ToolError
+from agentinfra.errors import ToolError
 
-__all__ = ["EPISODE_MEDIA_TYPE", "DesktopAgent", "DesktopAgentOptions", "desktop_agent_setup"]
+__all__ = ["EPISODE_MEDIA_TYPE", "DesktopAgent", "desktop_agent_setup"]
 
 EPISODE_MEDIA_TYPE = "application/x-tar"
 """A desktop submission from an agent: ``episode.json`` and the home under ``home/``."""
-OBSERVATIONS = ("screenshot", "a11y", "both")
 _BYPASS = re.compile(
     r"\b(open|exec|eval|compile|__import__|os|subprocess|shutil|pathlib|sys|socket)\b"
 )
 _SLOTS: dict[int, asyncio.Semaphore] = {}
 _ACTION_TOOLS = ("computer", "computer_13", "pyautogui")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DesktopAgentOptions:
-    """A desktop run's agent options (``run.json``: ``agent.options``)."""
-
-    action_space: str = "computer_use"
-    track: str = "gui-only"
-    observation: str = "both"
-    screenshot_width: int = 1280
-    a11y_tokens: int = 4_000
-    desktops: int = 2
-    width: int = 1920
-    height: int = 1080
-
-    def __post_init__(self) -> None:
-        if self.action_space not in ACTION_SPACES:
-            raise ConfigError(
-                f"unknown action space {self.action_space!r}; use one of {', '.join(ACTION_SPACES)} (--action-space)"
-            )
-        if self.track not in TRACKS:
-            raise ConfigError(
-                f"unknown track {self.track!r}; use one of {', '.join(TRACKS)} (--track)"
-            )
-        if self.observation not in OBSERVATIONS:
-            raise ConfigError(
-                f"unknown observation {self.observation!r}; use one of {', '.join(OBSERVATIONS)} (--observation)"
-            )
-        if not 160 <= self.screenshot_width <= self.width:
-            raise ConfigError(
-                f"screenshot width {self.screenshot_width} must be in 160..{self.width} (--screenshot-width)"
-            )
-        if self.desktops < 1:
-            raise ConfigError(f"--desktops must be at least 1, got {self.desktops}")
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> DesktopAgentOptions:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(options) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown desktop agent option(s) {sorted(unknown)}; known: {sorted(known)}"
-            )
-        return cls(**options)
 
 
 def read_actions(episode_dir: Path) -> list[dict[str, Any]]:

@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import io
 import json
-import os
 import tarfile
 import tempfile
 import time
@@ -22,7 +21,6 @@ from agentinfra.environments import (
     EnvironmentDefinition,
     Evaluation,
     Finding,
-    GraderSettings,
     Outcome,
     ScoreSpec,
     Submission,
@@ -33,6 +31,11 @@ from agentinfra.environments.desktop._agent import EPISODE_MEDIA_TYPE, desktop_a
 from agentinfra.environments.desktop._anomalies import desktop_anomalies
 from agentinfra.environments.desktop._episode import EpisodeResult, run_episode
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
+from agentinfra.environments.desktop._options import (
+    DesktopAgentOptions,
+    DesktopSettings,
+    desktop_settings,
+)
 from agentinfra.environments.desktop._session import DesktopConfig
 from agentinfra.environments.desktop._task import DesktopTask, load_desktop_task, support
 from agentinfra.errors import ConfigError, TaskEnvironmentError
@@ -52,11 +55,11 @@ SCORE = ScoreSpec(unit="success", thresholds=(1.0,), scale="linear")
 _MAX_TASK_BYTES = 1 << 20
 
 
-def default_mirror(task_path: Path) -> Path | None:
-    """``$AGENTINFRA_DESKTOP_MIRROR``, else a ``mirror/`` folder beside the task's folder, if there is one."""
-    configured = os.environ.get("AGENTINFRA_DESKTOP_MIRROR")
-    if configured:
-        return Path(configured)
+def default_mirror(task_path: Path, configured: Path | None = None) -> Path | None:
+    """``configured`` (a run's `DesktopSettings.mirror`, the CLI's ``AGENTINFRA_DESKTOP_MIRROR``),
+    else a ``mirror/`` folder beside the task's folder, if there is one."""
+    if configured is not None:
+        return configured
     candidate = Path(task_path).resolve().parent.parent / "mirror"
     return candidate if candidate.is_dir() else None
 
@@ -230,12 +233,14 @@ class DesktopEnvironment:
     grader_version = GRADER_VERSION
     score = SCORE
 
-    def __init__(self, task: Task, settings: GraderSettings) -> None:
+    def __init__(self, task: Task, settings: DesktopSettings) -> None:
         self.task = task
         self.settings = settings
         source = Path(task.source) if task.source else Path(task.name)
         self._desktop_task = DesktopTask(json.loads(task.data), source)
-        self.mirror = default_mirror(source)
+        self.mirror = default_mirror(
+            source, None if settings.mirror is None else Path(settings.mirror)
+        )
 
     async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
         if submission.media_type == EPISODE_MEDIA_TYPE:
@@ -328,6 +333,9 @@ ENVIRONMENT = EnvironmentDefinition(
     grader_version=GRADER_VERSION,
     score=SCORE,
     load_task=load_desktop_task_bytes,
+    settings=DesktopSettings,
     create=DesktopEnvironment,
+    settings_from=desktop_settings,
+    agent_options=DesktopAgentOptions,
     find_anomalies=desktop_anomalies,
 )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentinfra._settings import desktop_python_path
 from agentinfra.errors import TaskEnvironmentError
 from agentinfra.sandbox import (
     JailLimits,
@@ -90,8 +91,7 @@ or the "keep current format" question, an empty X authority file (pyautogui want
 
 def desktop_python() -> Path:
     """The desktop's interpreter: ``$AGENTINFRA_DESKTOP_PYTHON``, else ``<venv>/desktop/bin/python``."""
-    configured = os.environ.get("AGENTINFRA_DESKTOP_PYTHON")
-    return Path(configured) if configured else Path(sys.prefix) / "desktop" / "bin" / "python"
+    return desktop_python_path() or Path(sys.prefix) / "desktop" / "bin" / "python"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from agentinfra.environments.kernels._environment import (
 )
 from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade, grade_async
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
+from agentinfra.environments.kernels._settings import KernelSettings
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
     Finding,
@@ -36,6 +37,7 @@ __all__ = [
     "GradeOptions",
     "KERNEL_SYSTEM_PROMPT",
     "KernelEnvironment",
+    "KernelSettings",
     "Outcome",
     "ProblemMeta",
     "Provenance",

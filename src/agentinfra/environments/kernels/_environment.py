@@ -19,7 +19,6 @@ from agentinfra.environments import (
     AgentSetup,
     EnvironmentDefinition,
     Evaluation,
-    GraderSettings,
     ScoreSpec,
     Submission,
     Task,
@@ -31,6 +30,12 @@ from agentinfra.environments.kernels._agent_tools import (
     kernel_tools,
 )
 from agentinfra.environments.kernels._grader import GRADER_VERSION, GradeOptions, grade_async
+from agentinfra.environments.kernels._settings import (
+    KernelSettings,
+    kernel_settings,
+    quick_settings,
+    strict_settings,
+)
 from agentinfra.environments.kernels._verdict import Verdict
 from agentinfra.errors import ConfigError
 
@@ -90,7 +95,7 @@ class KernelEnvironment:
     grader_version = GRADER_VERSION
     score = SCORE
 
-    def __init__(self, task: Task, settings: GraderSettings) -> None:
+    def __init__(self, task: Task, settings: KernelSettings) -> None:
         self.task = task
         self.settings = settings
         self.device = settings.device
@@ -138,5 +143,9 @@ ENVIRONMENT = EnvironmentDefinition(
     grader_version=GRADER_VERSION,
     score=SCORE,
     load_task=load_kernel_task,
+    settings=KernelSettings,
     create=KernelEnvironment,
+    settings_from=kernel_settings,
+    strict_settings=strict_settings,
+    quick_settings=quick_settings,
 )

@@ -170,7 +170,6 @@ from typing import Any, Literal
 import numpy as np
 
 from agentinfra._settings import format_size
-from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
 from agentinfra.environments.kernels._sandbox import (
     MAX_REPLY_BYTES,
@@ -182,6 +181,7 @@ from agentinfra.environments.kernels._sandbox import (
     WorkerTimeoutError,
     worker_fork_server,
 )
+from agentinfra.environments.kernels._settings import KernelSettings
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
     ERROR_LIMIT,
@@ -263,8 +263,8 @@ class GradeOptions:
             raise ConfigError(f"audit_fraction={self.audit_fraction} must be in (0, 1]")
 
     @classmethod
-    def from_settings(cls, settings: GraderSettings, **overrides: Any) -> GradeOptions:
-        """The one conversion from a run's `GraderSettings` (and so from ``AGENTINFRA_GRADER_*``)."""
+    def from_settings(cls, settings: KernelSettings, **overrides: Any) -> GradeOptions:
+        """The one conversion from a run's `KernelSettings` (and so from ``AGENTINFRA_GRADER_*``)."""
         given = {k: v for k, v in overrides.items() if v is not None or k == "seed"}
         values: dict[str, Any] = {
             "device": settings.device,
