@@ -123,6 +123,11 @@ class Journal:
         self._write_lock = threading.Lock()
         self._queue: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
+    @property
+    def executor(self) -> Executor:
+        """Where `append_async` writes (and a subclass does its own blocking writes)."""
+        return self._executor
+
     @classmethod
     def read(cls, path: Path) -> list[Event]:
         """The events of ``path``, read only: a torn last line is skipped, nothing is written.
