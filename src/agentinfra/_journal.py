@@ -48,7 +48,30 @@ process. Appends to one journal are serial anyway; the bound caps the threads th
 journals (one per agent) can hold blocked in fsync at once, and an append beyond it waits
 its turn in the pool's queue, off the event loop."""
 
-_FSYNC_POOL = ThreadPoolExecutor(max_workers=FSYNC_WORKERS, thread_name_prefix="journal-fsync")
+
+class _SharedPool:
+    """The process-wide pool, started on first use and forgotten in a forked child (whose
+    copy would count its parent's threads as its own and never run anything)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=FSYNC_WORKERS, thread_name_prefix="journal-fsync"
+                )
+            return self._pool
+
+    def forget(self) -> None:
+        self._pool = None
+        self._lock = threading.Lock()
+
+
+_SHARED_POOL = _SharedPool()
+os.register_at_fork(after_in_child=_SHARED_POOL.forget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +142,14 @@ class Journal:
         self.events = events
         self._fd = fd
         self._size = size
-        self._executor = executor if executor is not None else _FSYNC_POOL
+        self._executor = executor
         self._write_lock = threading.Lock()
         self._queue: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     @property
     def executor(self) -> Executor:
         """Where `append_async` writes (and a subclass does its own blocking writes)."""
-        return self._executor
+        return self._executor if self._executor is not None else _SHARED_POOL.get()
 
     @classmethod
     def read(cls, path: Path) -> list[Event]:
@@ -209,7 +232,7 @@ class Journal:
         """
         async with self._async_queue():
             write = asyncio.get_running_loop().run_in_executor(
-                self._executor, self.append, type_, data
+                self.executor, self.append, type_, data
             )
             try:
                 return await asyncio.shield(write)

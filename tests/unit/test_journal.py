@@ -154,3 +154,29 @@ def test_a_cancelled_append_holds_the_queue_until_its_write_ends(
     journal.close()
     # the cancelled write was under way: it landed, and the next one after it
     assert _records(tmp_path / "j.jsonl") == [(0, "first", {}), (1, "second", {})]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12 warns about fork with threads
+def test_a_forked_child_gets_a_pool_of_its_own(tmp_path: Path) -> None:
+    parent = Journal.open(tmp_path / "parent.jsonl")
+    asyncio.run(parent.append_async("started"))  # the shared pool now has a thread
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the pool has no threads; an append must still land
+        code = 1
+        try:
+            child = Journal.open(tmp_path / "child.jsonl")
+            asyncio.run(asyncio.wait_for(child.append_async("in_child"), timeout=10))
+            child.close()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    parent.close()
+    assert done[0] == pid
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    assert _records(tmp_path / "child.jsonl") == [(0, "in_child", {})]
