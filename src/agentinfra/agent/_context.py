@@ -24,8 +24,8 @@ replacement, so each change's ``index`` counts in the history before the drop. T
 smallest ``index`` among the changes (`Trim.first_changed_index`) is where the new
 history stops being an extension of the old one.
 
-A history already under budget (after step 1) comes back unchanged, so a trim of a trimmed
-history that got under budget changes nothing. A history that stays over budget is not a
+A history under budget comes back with step 1's changes only, so trimming again a history
+that a trim left under budget changes nothing. A history that stays over budget is not a
 fixed point: each call shortens the old outputs it shortened before again (their markers'
 lengths differ), as the loop has always done.
 """
@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from agentinfra.agent._content import is_image_ref
 
@@ -45,6 +45,7 @@ __all__ = [
     "ContextBudget",
     "DropImages",
     "DropTurns",
+    "Message",
     "ShortenToolOutput",
     "Trim",
     "apply_changes",
@@ -54,6 +55,7 @@ __all__ = [
 ]
 
 Message = dict[str, Any]
+"""One chat message in OpenAI's shape (images as transcript references)."""
 
 KEPT_PREFIX = 2
 """The system prompt and the task: never trimmed."""
@@ -87,7 +89,8 @@ class DropImages:
     content: list[dict[str, Any]]
     images: tuple[str, ...]
     """The SHA-256 of each image dropped, in the order they were dropped."""
-    op: Literal["drop_images"] = "drop_images"
+    op: ClassVar[Literal["drop_images"]] = "drop_images"
+    """The kind of change, as journalled."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,7 +108,7 @@ class ShortenToolOutput:
     index: int
     content: str
     chars_before: int
-    op: Literal["shorten"] = "shorten"
+    op: ClassVar[Literal["shorten"]] = "shorten"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -121,7 +124,7 @@ class DropTurns:
     """Messages ``KEPT_PREFIX`` to ``KEPT_PREFIX + count`` (the oldest whole turns) were dropped."""
 
     count: int
-    op: Literal["drop"] = "drop"
+    op: ClassVar[Literal["drop"]] = "drop"
 
     @property
     def index(self) -> int:

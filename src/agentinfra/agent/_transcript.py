@@ -37,7 +37,7 @@ from typing import Any
 from agentinfra._atomic import write_atomic
 from agentinfra._journal import Event, Journal
 from agentinfra.agent._content import image_data_url, is_image_ref
-from agentinfra.agent._context import Change, apply_changes, change_from_json
+from agentinfra.agent._context import Change, Message, apply_changes, change_from_json
 from agentinfra.agent._model import Usage
 from agentinfra.agent._toolcalls import ToolCall
 from agentinfra.errors import AgentError
@@ -53,7 +53,6 @@ __all__ = [
     "wire_messages",
 ]
 
-Message = dict[str, Any]
 JournalledContent = str | list[dict[str, Any]]
 """A tool result as journalled: text, or text parts and image references."""
 
