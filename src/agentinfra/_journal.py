@@ -10,26 +10,68 @@ truncated away; a malformed line anywhere else, a gap in ``seq`` or an event fro
 a newer schema is an error that changes nothing. A full disk is reported as an
 error, never swallowed. Errors are raised as the subclass's ``error_class``: the
 run journal (`harness`) raises `HarnessError`, the agent transcript `AgentError`.
+
+Two ways to append, one implementation (`Journal.append`): the synchronous call, for
+callers outside an event loop, and `Journal.append_async`, which runs the same write and
+fsync in a bounded thread pool so that an fsync (milliseconds on a busy disk) never
+stalls the event loop that every agent of a process shares. Records of one journal land
+in the order their appends were called, async and sync alike: async appends queue on a
+per-journal lock, and the write itself holds a per-journal thread lock that also assigns
+``seq``, so a sync append in between can neither interleave bytes nor reuse a ``seq``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
 import os
+import threading
 import time
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from agentinfra.errors import AgentInfraError
 
-__all__ = ["JOURNAL_SCHEMA_VERSION", "Event", "Journal"]
+__all__ = ["FSYNC_WORKERS", "JOURNAL_SCHEMA_VERSION", "Event", "Journal"]
 
 logger = logging.getLogger(__name__)
 
 JOURNAL_SCHEMA_VERSION = 1
+
+FSYNC_WORKERS = 4
+"""Threads that write and fsync for `Journal.append_async`, shared by every journal of the
+process. Appends to one journal are serial anyway; the bound caps the threads that many
+journals (one per agent) can hold blocked in fsync at once, and an append beyond it waits
+its turn in the pool's queue, off the event loop."""
+
+
+class _SharedPool:
+    """The process-wide pool, started on first use and forgotten in a forked child (whose
+    copy would count its parent's threads as its own and never run anything)."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=FSYNC_WORKERS, thread_name_prefix="journal-fsync"
+                )
+            return self._pool
+
+    def forget(self) -> None:
+        self._pool = None
+        self._lock = threading.Lock()
+
+
+_SHARED_POOL = _SharedPool()
+os.register_at_fork(after_in_child=_SHARED_POOL.forget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +121,35 @@ def _parse(line: bytes, where: str, error: type[AgentInfraError]) -> Event:
 
 
 class Journal:
-    error_class: ClassVar[type[AgentInfraError]] = AgentInfraError
-    """An open journal file; one writer at a time (the run's lock guarantees it)."""
+    """An open journal file; one writer process at a time (the run's lock guarantees it).
 
-    def __init__(self, path: Path, events: list[Event], fd: int, size: int) -> None:
+    ``executor`` runs the writes of `append_async`; None: the process-wide pool of
+    `FSYNC_WORKERS` threads.
+    """
+
+    error_class: ClassVar[type[AgentInfraError]] = AgentInfraError
+
+    def __init__(
+        self,
+        path: Path,
+        events: list[Event],
+        fd: int,
+        size: int,
+        *,
+        executor: Executor | None = None,
+    ) -> None:
         self.path = path
         self.events = events
         self._fd = fd
         self._size = size
+        self._executor = executor
+        self._write_lock = threading.Lock()
+        self._queue: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    @property
+    def executor(self) -> Executor:
+        """Where `append_async` writes (and a subclass does its own blocking writes)."""
+        return self._executor if self._executor is not None else _SHARED_POOL.get()
 
     @classmethod
     def read(cls, path: Path) -> list[Event]:
@@ -130,8 +193,10 @@ class Journal:
         return events, good_bytes
 
     @classmethod
-    def open(cls, path: Path) -> Self:
+    def open(cls, path: Path, *, executor: Executor | None = None) -> Self:
         """Opens (creating if absent) and replays ``path``; a torn last line is truncated away.
+
+        ``executor`` runs the writes of `append_async` (None: the shared pool).
 
         Raises:
             error_class: corrupt line before the last, a gap in seq, or a newer schema.
@@ -143,14 +208,46 @@ class Journal:
             os.ftruncate(fd, good_bytes)
             os.fsync(fd)
         os.lseek(fd, 0, os.SEEK_END)
-        return cls(path, events, fd, good_bytes)
+        return cls(path, events, fd, good_bytes, executor=executor)
 
     def append(self, type_: str, data: dict[str, Any] | None = None) -> Event:
-        """Writes one event and fsyncs it; returns it once durable.
+        """Writes one event and fsyncs it; returns it once durable. Blocks the calling thread.
 
         Raises:
             error_class: the write or fsync failed (a full disk included); nothing is acknowledged.
         """
+        with self._write_lock:
+            return self._write(type_, data)
+
+    async def append_async(self, type_: str, data: dict[str, Any] | None = None) -> Event:
+        """`append`, with the write and fsync in the journal's executor; returns once durable.
+
+        Concurrent calls on one journal land in the order they were made. ``data`` is
+        encoded in the pool's thread: the caller must not change it until this returns.
+        A cancelled call may still land (its write is not interrupted); the next append
+        waits for it, so the order holds.
+
+        Raises:
+            error_class: the write or fsync failed (a full disk included); nothing is acknowledged.
+        """
+        async with self._async_queue():
+            write = asyncio.get_running_loop().run_in_executor(
+                self.executor, self.append, type_, data
+            )
+            try:
+                return await asyncio.shield(write)
+            except asyncio.CancelledError:
+                await asyncio.wait({write})  # hold the queue until the write has ended
+                raise
+
+    def _async_queue(self) -> asyncio.Lock:
+        """The FIFO lock of this journal's async appends, made anew for each event loop."""
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._queue[0] is not loop:
+            self._queue = (loop, asyncio.Lock())
+        return self._queue[1]
+
+    def _write(self, type_: str, data: dict[str, Any] | None) -> Event:
         event = Event(len(self.events), time.time(), time.monotonic(), type_, data or {})
         line = event.to_line()
         try:
@@ -173,4 +270,5 @@ class Journal:
         return event
 
     def close(self) -> None:
-        os.close(self._fd)
+        with self._write_lock:  # not under a write still running in the pool
+            os.close(self._fd)

@@ -13,12 +13,7 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
 from agentinfra.agent._content import ContentPart, ImagePart, TextPart, ToolResult, check_png
-from agentinfra.agent._loop import (
-    AgentLoop,
-    AgentOutcome,
-    LoopConfig,
-    Transcript,
-)
+from agentinfra.agent._loop import AgentLoop, AgentOutcome, LoopConfig
 from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage, preflight
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
 from agentinfra.agent._scripted import Reply, ScriptedModelServer
@@ -31,6 +26,7 @@ from agentinfra.agent._toolcalls import (
     split_reasoning,
 )
 from agentinfra.agent._tools import Tool, tool_schemas, workspace_tools
+from agentinfra.agent._transcript import Transcript
 from agentinfra.errors import ToolError
 
 __all__ = [

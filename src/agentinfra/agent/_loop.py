@@ -9,102 +9,62 @@ result is run again on resume; every shipped tool is idempotent (files are
 overwritten whole, submissions are content-addressed), and a tool that is not
 must say so in its description.
 
+The loop orchestrates; each job it delegates has its own module:
+
+- `_transcript`: the journal, its events, the images beside it, and the history
+  (`History`) that the loop and a resume (`replay`) build from the same records.
+- `_replies`: a model reply as the calls to run (structured, MiniMax XML or Hermes
+  JSON in the text), and the answer to a reply that called no tool.
+- `_context`: the pure trimming of the history to the context budget; the loop
+  journals each trim's changes as ``context_trimmed`` and a resume applies them again.
+
 Images: a tool may return content parts (`TextPart`, `ImagePart`). Each image
 is stored once under ``images/<sha256>.png`` beside the transcript and journalled
 as a reference; the images of one turn's tool calls reach the model in one user
-message after that turn's tool results (as ``image_url`` parts with PNG data
-URLs), because OpenAI-compatible servers accept images in user messages, not in
-tool messages. An image counts ``image_tokens`` towards the context estimate.
+message after that turn's tool results. An image counts ``image_tokens`` towards
+the context estimate.
 
 Context management: before each call the history's size is estimated. Over
 ``trim_at`` of the context length, images older than the recent turns are
 dropped first, then old tool outputs are shortened; if that is not enough, the
 oldest whole turns are dropped. The system prompt and the task are always kept.
-Every drop and shortening is journalled, so resume rebuilds the same history.
+
+Every journal write goes through `Journal.append_async`: the write and its fsync run
+in a bounded thread pool, so one agent's fsync does not stall the event loop that
+all agents of a process share.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from agentinfra._atomic import write_atomic
-from agentinfra._journal import Journal
-from agentinfra.agent._content import (
-    ImagePart,
-    TextPart,
-    check_png,
-    image_data_url,
-    image_ref,
-    is_image_ref,
-)
+from agentinfra.agent._content import ImagePart, TextPart, check_png, image_ref
+from agentinfra.agent._context import ContextBudget, estimate_tokens, trim_context
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._profiles import profile_for
-from agentinfra.agent._toolcalls import (
-    ToolCall,
-    looks_like_tool_call,
-    parse_hermes_calls,
-    parse_minimax_reply,
-)
+from agentinfra.agent._replies import feedback_for, normalize_reply
+from agentinfra.agent._toolcalls import ToolCall
 from agentinfra.agent._tools import Tool, tool_schemas
+from agentinfra.agent._transcript import (
+    History,
+    JournalledContent,
+    Transcript,
+    last_result_of_turn,
+    nudges_used,
+    replay,
+    wire_messages,
+)
 from agentinfra.errors import AgentError, ConfigError, ToolError
 
-__all__ = ["AgentLoop", "AgentOutcome", "LoopConfig", "Transcript"]
+__all__ = ["AgentLoop", "AgentOutcome", "LoopConfig"]
 
 logger = logging.getLogger(__name__)
-_CHARS_PER_TOKEN = 3.5
 _UNKNOWN_IMAGE_TOKENS = 1_500
-
-
-class Transcript(Journal):
-    """The agent's journal (``agent/transcript.jsonl`` in a run directory).
-
-    Images of tool results live beside it in ``images/<sha256>.png``, stored once.
-    """
-
-    error_class = AgentError
-
-    @property
-    def images_dir(self) -> Path:
-        return self.path.parent / "images"
-
-    def store_image(self, png: bytes) -> str:
-        """Stores a PNG once (atomic write, fsync'd); returns its SHA-256."""
-        sha = hashlib.sha256(png).hexdigest()
-        target = self.images_dir / f"{sha}.png"
-        if target.is_file():
-            return sha
-        self.images_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            write_atomic(target, png)
-        except OSError as exc:
-            raise AgentError(
-                f"cannot store image {target}: {exc.strerror}; free disk space and resume"
-            ) from None
-        return sha
-
-    def load_image(self, sha: str) -> bytes:
-        """The stored PNG ``sha``.
-
-        Raises:
-            AgentError: missing, or its bytes no longer match the hash.
-        """
-        path = self.images_dir / f"{sha}.png"
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise AgentError(f"image {path} referenced by the transcript is missing") from None
-        if hashlib.sha256(data).hexdigest() != sha:
-            raise AgentError(
-                f"image {path} no longer matches its hash; the run directory was modified"
-            )
-        return data
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,6 +160,11 @@ class AgentOutcome:
     cost_usd: float | None
 
 
+class _ToolOutcome(NamedTuple):
+    content: JournalledContent
+    is_error: bool
+
+
 class AgentLoop:
     """Drives one agent on one task; `run` starts or resumes it from its transcript."""
 
@@ -226,68 +191,42 @@ class AgentLoop:
         self.transcript = transcript
         self.notifications = notifications
         self._clock = clock
-        self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system_prompt},
-            {"role": "user", "content": task_prompt},
-        ]
+        self.history = History(
+            [
+                {"role": "system", "content": system_prompt},
+                {"role": "user", "content": task_prompt},
+            ],
+            keeps_reasoning=client.profile.keeps_reasoning,
+        )
         self.turn = 0
         self.usage = Usage()
         self.started_wall_s = clock()
         self.last_prompt_tokens = 0
         self.status = "starting"
-        self._pending_images: list[tuple[str, dict[str, Any]]] = []
         self._data_urls: dict[str, str] = {}
+        self._parameters = {name: t.parameters for name, t in self.tools.items()}
+        self._budget = ContextBudget(
+            limit_tokens=config.trim_at * config.context_tokens,
+            keep_recent_turns=config.keep_recent_turns,
+            keep_images=config.keep_images,
+            fixed_chars=len(json.dumps(self.schemas)),
+            image_tokens=self._image_tokens,
+        )
 
-    # -- resume ----------------------------------------------------------------------
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The history as the model sees it, image references unresolved."""
+        return self.history.messages
 
-    def _replay(self) -> list[dict[str, Any]]:
-        """Rebuilds history, usage and turn from the transcript; returns calls still to run."""
-        pending: dict[str, dict[str, Any]] = {}
-        for event in self.transcript.events:
-            data = event.data
-            if event.type == "loop_started":
-                self.started_wall_s = event.wall_s
-                self.messages = [dict(m) for m in data["messages"]]
-            elif event.type == "model_response":
-                self._flush_images()
-                self.turn = int(data["turn"])
-                usage = data.get("usage", {})
-                self.usage = Usage(
-                    self.usage.prompt_tokens + usage.get("prompt_tokens", 0),
-                    self.usage.completion_tokens + usage.get("completion_tokens", 0),
-                )
-                self.last_prompt_tokens = usage.get("prompt_tokens", 0)
-                self.messages.append(self._history_message(data["message"]))
-                pending = {c["call_id"]: c for c in data.get("calls", [])}
-            elif event.type == "tool_result":
-                pending.pop(data["call_id"], None)
-                self._append_result(data["call_id"], data["content"])
-            elif event.type == "feedback":
-                self.messages.append({"role": "user", "content": data["text"]})
-            elif event.type == "context_trimmed":
-                self._flush_images()
-                self._apply_trim(data)
-        if not pending:
-            self._flush_images()
-        return list(pending.values())
-
-    # -- the loop ----------------------------------------------------------------------
+    # -- start and resume -------------------------------------------------------------
 
     async def run(self) -> AgentOutcome:
         if self.transcript.events:
-            pending = self._replay()
-            stopped = [e for e in self.transcript.events if e.type == "stopped"]
-            if stopped and stopped[-1].data["reason"] == "done":
-                return self._outcome(stopped[-1].data["reason"])
-            if not pending and self._ended_by_tool():
-                return self._stop("done")  # the crash came between that result and its stop
-            self.transcript.append(
-                "loop_resumed", {"turn": self.turn, "pending_calls": len(pending)}
-            )
-            if pending:
-                await self._run_calls(pending)
+            outcome = await self._resume()
+            if outcome is not None:
+                return outcome
         else:
-            self.transcript.append(
+            await self.transcript.append_async(
                 "loop_started",
                 {"config": self.config.to_json(), "messages": self.messages, "tools": self.schemas},
             )
@@ -295,192 +234,167 @@ class AgentLoop:
             return await self._turns()
         except AgentError as exc:
             self.status = f"failed: {exc}"
-            self.transcript.append("failed", {"turn": self.turn, "error": str(exc)[:2000]})
+            await self.transcript.append_async(
+                "failed", {"turn": self.turn, "error": str(exc)[:2000]}
+            )
             raise
+
+    async def _resume(self) -> AgentOutcome | None:
+        """Rebuilds the run from its transcript and runs its unfinished calls; an outcome if it had ended."""
+        pending = self._replay()
+        stopped = [e for e in self.transcript.events if e.type == "stopped"]
+        if stopped and stopped[-1].data["reason"] == "done":
+            return self._outcome(stopped[-1].data["reason"])
+        if not pending and self._ended_by_tool():
+            return await self._stop("done")  # the crash came between that result and its stop
+        await self.transcript.append_async(
+            "loop_resumed", {"turn": self.turn, "pending_calls": len(pending)}
+        )
+        if pending:
+            await self._run_calls(pending)
+        return None
+
+    def _replay(self) -> list[ToolCall]:
+        """Rebuilds history, usage and turn from the transcript; returns calls still to run."""
+        state = replay(self.transcript.events, self.history, started_wall_s=self.started_wall_s)
+        self.started_wall_s = state.started_wall_s
+        self.turn = state.turn
+        self.usage = state.usage
+        self.last_prompt_tokens = state.last_prompt_tokens
+        return state.pending
+
+    # -- the turns ------------------------------------------------------------------------
 
     async def _turns(self) -> AgentOutcome:
         while True:
             reason = self._budget_exhausted()
             if reason is not None:
-                return self._stop(reason)
-            self._manage_context()
+                return await self._stop(reason)
+            await self._trim_context()
             self.turn += 1
             self.status = f"turn {self.turn}: waiting for the model"
             completion = await self.client.complete(
                 self._wire(), self.schemas, stream=self.config.stream, on_retry=self._journal_retry
             )
-            calls = self._record_reply(completion)
+            calls = await self._record_reply(completion)
             if not calls:
-                feedback = self._feedback_for(completion.message.get("content") or "")
-                if feedback is None:
-                    return self._stop("done")
-                self.transcript.append("feedback", {"turn": self.turn, **feedback})
-                self.messages.append({"role": "user", "content": feedback["text"]})
+                if not await self._answer_no_call(completion.message.get("content") or ""):
+                    return await self._stop("done")
                 continue
             await self._run_calls(calls)
             if self._ended_by_tool():
-                return self._stop("done")
+                return await self._stop("done")
 
-    def _feedback_for(self, content: str) -> dict[str, str] | None:
-        """What the loop tells a model whose reply called no tool; None: the run is done.
-
-        Text that looks like a tool call but could not be read is always answered (the
-        model meant to act); plain prose is answered ``LoopConfig.nudges`` times in all.
-        """
-        names = ", ".join(self.tools)
-        if looks_like_tool_call(content):
-            return {
-                "kind": "unreadable_tool_call",
-                "text": "error: your reply contains tool-call text that could not be read as a call "
-                f"(no complete call of a known tool in it). Call one of the tools ({names}) with "
-                "valid arguments.",
-            }
-        used = sum(
-            1
-            for e in self.transcript.events
-            if e.type == "feedback" and e.data.get("kind") == "no_tool_call"
-        )
-        if used >= self.config.nudges:
-            return None
-        return {
-            "kind": "no_tool_call",
-            "text": f"Your reply called no tool, so nothing was done. Continue the task by calling one of "
-            f"the tools ({names}); reply without a tool call only when you have finished "
-            f"({self.config.nudges - used - 1} more such reminder(s)).",
-        }
-
-    def _ended_by_tool(self) -> bool:
-        """Whether the last journalled tool result is a successful call of a tool that ends the run."""
-        for event in reversed(self.transcript.events):
-            if event.type == "tool_result":
-                tool = self.tools.get(str(event.data.get("name")))
-                return tool is not None and tool.ends_run and not event.data.get("is_error")
-            if event.type == "model_response":
-                return False
-        return False
-
-    def _record_reply(self, completion: Completion) -> list[dict[str, Any]]:
-        message = dict(completion.message)
-        calls = [
-            {"call_id": c.get("id") or f"t{self.turn}_call_{i}", "name": c["function"]["name"],
-             "arguments": c["function"]["arguments"], "error": None}
-            for i, c in enumerate(message.get("tool_calls", []))
-        ]  # fmt: skip
-        content = message.get("content") or ""
-        text_calls: tuple[ToolCall, ...] = ()
-        if not calls and self.client.profile.xml_tool_calls and "<minimax:tool_call>" in content:
-            parameters = {name: t.parameters for name, t in self.tools.items()}
-            text_calls = parse_minimax_reply(
-                content, parameters, id_prefix=f"t{self.turn}_call"
-            ).tool_calls
-        elif not calls and "<tool_call>" in content:  # Hermes JSON the server did not parse
-            text_calls = parse_hermes_calls(content, id_prefix=f"t{self.turn}_call")
-        if text_calls:
-            calls = [
-                {"call_id": c.call_id, "name": c.name, "arguments": c.arguments, "error": c.error}
-                for c in text_calls
-            ]
-            message["tool_calls"] = [
-                {
-                    "id": c["call_id"],
-                    "type": "function",
-                    "function": {"name": c["name"], "arguments": c["arguments"]},
-                }
-                for c in calls
-            ]
-        for i, call in enumerate(calls):  # ids must be unique across the run for resume
-            if any(call["call_id"] == other["call_id"] for other in calls[:i]):
-                call["call_id"] = f"{call['call_id']}_{i}"
-        if calls and "tool_calls" in message:
-            message["tool_calls"] = [
-                {**tc, "id": c["call_id"]}
-                for tc, c in zip(message["tool_calls"], calls, strict=True)
-            ]
+    async def _record_reply(self, completion: Completion) -> tuple[ToolCall, ...]:
+        """Journals the reply (its calls read and named) and adds it to the history; returns its calls."""
+        reply = normalize_reply(
+            completion.message, turn=self.turn, tool_parameters=self._parameters,
+            xml_tool_calls=self.client.profile.xml_tool_calls,
+        )  # fmt: skip
         self.usage = Usage(
             self.usage.prompt_tokens + completion.usage.prompt_tokens,
             self.usage.completion_tokens + completion.usage.completion_tokens,
         )
         self.last_prompt_tokens = completion.usage.prompt_tokens
-        self.transcript.append(
+        await self.transcript.append_async(
             "model_response",
             {
-                "turn": self.turn, "message": message, "calls": calls,
+                "turn": self.turn, "message": reply.message, "calls": [asdict(c) for c in reply.calls],
                 "usage": {"prompt_tokens": completion.usage.prompt_tokens,
                           "completion_tokens": completion.usage.completion_tokens},
                 "finish_reason": completion.finish_reason, "latency_s": round(completion.latency_s, 3),
                 "attempts": completion.attempts,
             },
         )  # fmt: skip
-        self.messages.append(self._history_message(message))
-        return calls
+        self.history.add_reply(reply.message)
+        return reply.calls
 
-    def _history_message(self, message: dict[str, Any]) -> dict[str, Any]:
-        """What goes back to the model: as produced; reasoning kept where the profile says so."""
-        if self.client.profile.keeps_reasoning:
-            return dict(message)
-        return {k: v for k, v in message.items() if k != "reasoning_content"}
+    async def _answer_no_call(self, content: str) -> bool:
+        """Answers a reply that called no tool (journalled as ``feedback``); False: the run is done."""
+        feedback = feedback_for(
+            content, tool_names=list(self.tools), nudges=self.config.nudges,
+            nudges_used=nudges_used(self.transcript.events),
+        )  # fmt: skip
+        if feedback is None:
+            return False
+        await self.transcript.append_async(
+            "feedback", {"turn": self.turn, "kind": feedback.kind, "text": feedback.text}
+        )
+        self.history.add_user(feedback.text)
+        return True
 
-    async def _run_calls(self, calls: Sequence[dict[str, Any]]) -> None:
-        for call in calls:
-            self.status = f"turn {self.turn}: {call['name']}"
-            self.transcript.append("tool_started", {"turn": self.turn, **call})
-            content, is_error = await self._execute(call)
-            notes = self.notifications() if self.notifications is not None else []
-            if notes and isinstance(content, str):
-                content += "\n\n" + "\n".join(notes)
-            elif notes and isinstance(content, list):
-                content.append({"type": "text", "text": "\n".join(notes)})
-            self.transcript.append(
-                "tool_result",
-                {"turn": self.turn, "call_id": call["call_id"], "name": call["name"], "content": content,
-                 "is_error": is_error},
-            )  # fmt: skip
-            self._append_result(call["call_id"], content)
-        self._flush_images()
-
-    def _append_result(self, call_id: str, content: str | list[dict[str, Any]]) -> None:
-        self.messages.append(_tool_message(call_id, content))
-        if isinstance(content, list):
-            self._pending_images += [(call_id, p) for p in content if is_image_ref(p)]
-
-    def _flush_images(self) -> None:
-        """The images of the last turn's tool results, as one user message after them."""
-        if not self._pending_images:
-            return
-        calls = ", ".join(dict.fromkeys(call_id for call_id, _ in self._pending_images))
-        parts: list[dict[str, Any]] = [
-            {"type": "text", "text": f"[images returned by tool call(s) {calls}]"}
-        ]
-        parts += [dict(ref) for _, ref in self._pending_images]
-        self.messages.append({"role": "user", "content": parts})
-        self._pending_images = []
+    def _ended_by_tool(self) -> bool:
+        """Whether the last journalled tool result is a successful call of a tool that ends the run."""
+        result = last_result_of_turn(self.transcript.events)
+        if result is None:
+            return False
+        tool = self.tools.get(str(result.get("name")))
+        return tool is not None and tool.ends_run and not result.get("is_error")
 
     def _wire(self) -> list[dict[str, Any]]:
-        """The history as sent: image references become ``image_url`` parts with PNG data URLs.
+        """The history as sent; each image is read from disk once while it stays in the history."""
+        wired = wire_messages(self.messages, self.transcript.load_image, self._data_urls)
+        self._data_urls = wired.data_urls
+        return wired.messages
 
-        Each image is read from disk once; the cache keeps only images still in the history.
-        """
-        urls: dict[str, str] = {}
-        wired: list[dict[str, Any]] = []
-        for message in self.messages:
-            content = message.get("content")
-            if isinstance(content, list) and any(is_image_ref(p) for p in content):
-                parts = []
-                for part in content:
-                    if is_image_ref(part):
-                        sha = part["sha256"]
-                        if sha not in urls:
-                            urls[sha] = self._data_urls.get(sha) or image_data_url(
-                                self.transcript.load_image(sha)
-                            )
-                        part = {"type": "image_url", "image_url": {"url": urls[sha]}}
-                    parts.append(part)
-                message = {**message, "content": parts}
-            wired.append(message)
-        self._data_urls = urls
-        return wired
+    # -- tool calls -------------------------------------------------------------------------
 
-    def _journal_content(self, result: Any) -> str | list[dict[str, Any]]:
+    async def _run_calls(self, calls: Sequence[ToolCall]) -> None:
+        for call in calls:
+            self.status = f"turn {self.turn}: {call.name}"
+            await self.transcript.append_async("tool_started", {"turn": self.turn, **asdict(call)})
+            outcome = await self._execute(call)
+            content = self._with_notifications(outcome.content)
+            await self.transcript.append_async(
+                "tool_result",
+                {"turn": self.turn, "call_id": call.call_id, "name": call.name, "content": content,
+                 "is_error": outcome.is_error},
+            )  # fmt: skip
+            self.history.add_tool_result(call.call_id, content)
+        self.history.flush_images()
+
+    def _with_notifications(self, content: JournalledContent) -> JournalledContent:
+        """``content`` with what happened meanwhile (grading results) appended."""
+        notes = self.notifications() if self.notifications is not None else []
+        if notes and isinstance(content, str):
+            content += "\n\n" + "\n".join(notes)
+        elif notes and isinstance(content, list):
+            content.append({"type": "text", "text": "\n".join(notes)})
+        return content
+
+    async def _execute(self, call: ToolCall) -> _ToolOutcome:
+        name = call.name
+        if call.error:
+            return _ToolOutcome(f"error: {call.error}", True)
+        tool = self.tools.get(name)
+        if tool is None:
+            return _ToolOutcome(
+                f"error: there is no tool {name!r}; available: {', '.join(self.tools)}", True
+            )
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return _ToolOutcome(
+                f"error: the arguments of {name} are not valid JSON ({exc}); send a JSON object",
+                True,
+            )
+        if not isinstance(arguments, dict):
+            return _ToolOutcome(
+                f"error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}",
+                True,
+            )
+        try:
+            return _ToolOutcome(await self._journal_content(await tool.handler(arguments)), False)
+        except ToolError as exc:
+            return _ToolOutcome(f"error: {exc}", True)
+        except Exception as exc:  # a bug in a tool must not end a 12-hour run
+            logger.exception("tool %s failed", name)
+            return _ToolOutcome(
+                f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
+                True,
+            )
+
+    async def _journal_content(self, result: Any) -> JournalledContent:
         """A handler's result as journalled: text (fitted to the limit) or parts with image references."""
         if isinstance(result, str):
             return self._fit(result)
@@ -496,38 +410,9 @@ class AgentLoop:
                 parts.append({"type": "text", "text": self._fit(part.text)})
             else:
                 width, height = check_png(part.png)
-                parts.append(image_ref(self.transcript.store_image(part.png), width, height))
+                sha = await self.transcript.store_image_async(part.png)
+                parts.append(image_ref(sha, width, height))
         return parts
-
-    async def _execute(self, call: dict[str, Any]) -> tuple[str | list[dict[str, Any]], bool]:
-        name = call["name"]
-        if call.get("error"):
-            return f"error: {call['error']}", True
-        tool = self.tools.get(name)
-        if tool is None:
-            return f"error: there is no tool {name!r}; available: {', '.join(self.tools)}", True
-        try:
-            arguments = json.loads(call["arguments"] or "{}")
-        except json.JSONDecodeError as exc:
-            return (
-                f"error: the arguments of {name} are not valid JSON ({exc}); send a JSON object",
-                True,
-            )
-        if not isinstance(arguments, dict):
-            return (
-                f"error: the arguments of {name} must be a JSON object, got {type(arguments).__name__}",
-                True,
-            )
-        try:
-            return self._journal_content(await tool.handler(arguments)), False
-        except ToolError as exc:
-            return f"error: {exc}", True
-        except Exception as exc:  # a bug in a tool must not end a 12-hour run
-            logger.exception("tool %s failed", name)
-            return (
-                f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
-                True,
-            )
 
     def _fit(self, text: str) -> str:
         limit = self.config.max_tool_result_chars
@@ -540,7 +425,7 @@ class AgentLoop:
             f"characters, over the {limit}-character limit ...]\n" + text[-half:]
         )
 
-    # -- budgets -------------------------------------------------------------------------
+    # -- budgets ------------------------------------------------------------------------------
 
     def _budget_exhausted(self) -> str | None:
         c = self.config
@@ -555,10 +440,10 @@ class AgentLoop:
             return "wall_time"
         return None
 
-    def _stop(self, reason: str) -> AgentOutcome:
+    async def _stop(self, reason: str) -> AgentOutcome:
         outcome = self._outcome(reason)
         self.status = f"stopped: {reason}"
-        self.transcript.append(
+        await self.transcript.append_async(
             "stopped",
             {"reason": reason, "turns": self.turn, "prompt_tokens": self.usage.prompt_tokens,
              "completion_tokens": self.usage.completion_tokens, "cost_usd": outcome.cost_usd},
@@ -568,24 +453,21 @@ class AgentLoop:
     def _outcome(self, reason: str) -> AgentOutcome:
         return AgentOutcome(reason, self.turn, self.usage, self.config.cost(self.usage))
 
-    def _journal_retry(self, attempt: int, status: int | None, wait_s: float, reason: str) -> None:
+    async def _journal_retry(
+        self, attempt: int, status: int | None, wait_s: float, reason: str
+    ) -> None:
         self.status = f"turn {self.turn}: retry {attempt} in {wait_s:.1f}s ({status})"
-        self.transcript.append(
+        await self.transcript.append_async(
             "retry", {"turn": self.turn, "attempt": attempt, "status": status, "wait_s": round(wait_s, 3),
                       "reason": reason[:500]},
         )  # fmt: skip
 
-    # -- context ---------------------------------------------------------------------------
+    # -- context ------------------------------------------------------------------------------
 
     def estimate_tokens(self) -> int:
-        chars = sum(len(json.dumps(m)) for m in self.messages) + len(json.dumps(self.schemas))
-        images = sum(
-            self._image_tokens(p)
-            for m in self.messages if isinstance(m.get("content"), list) for p in m["content"] if is_image_ref(p)
-        )  # fmt: skip
-        return int(chars / _CHARS_PER_TOKEN) + images
+        return estimate_tokens(self.messages, self._budget)
 
-    def _image_tokens(self, ref: dict[str, Any]) -> int:
+    def _image_tokens(self, ref: Any) -> int:
         if self.config.image_tokens is not None:
             return self.config.image_tokens
         width, height = ref.get("width"), ref.get("height")
@@ -593,123 +475,14 @@ class AgentLoop:
             return self._profile.image_tokens(width, height)
         return _UNKNOWN_IMAGE_TOKENS
 
-    def _manage_context(self) -> None:
-        budget = self.config.trim_at * self.config.context_tokens
-        changes: list[dict[str, Any]] = self._keep_last_images()
-        if self.estimate_tokens() <= budget:
-            if changes:
-                self._journal_trim(changes)
+    async def _trim_context(self) -> None:
+        """Trims the history to the budget (`trim_context`) and journals the changes, if any."""
+        trim = trim_context(self.messages, self._budget)
+        if not trim.changes:
             return
-        recent_from = self._recent_start()
-        for index in range(2, recent_from):  # old images go first
-            content = self.messages[index].get("content")
-            if isinstance(content, list) and any(is_image_ref(p) for p in content):
-                dropped_images = [p["sha256"] for p in content if is_image_ref(p)]
-                kept = [
-                    {"type": "text", "text": f"[image {p['sha256'][:12]} dropped by context management]"}
-                    if is_image_ref(p) else p
-                    for p in content
-                ]  # fmt: skip
-                changes.append(
-                    {"op": "drop_images", "index": index, "content": kept, "images": dropped_images}
-                )
-                self.messages[index]["content"] = kept
-        for index in range(2, recent_from):
-            message = self.messages[index]
-            content = message.get("content")
-            if message["role"] == "tool" and isinstance(content, str) and len(content) > 400:
-                short = (
-                    content[:200]
-                    + f"\n[... shortened by context management: {len(content)} characters ...]\n"
-                    + content[-200:]
-                )
-                changes.append(
-                    {
-                        "op": "shorten",
-                        "index": index,
-                        "content": short,
-                        "chars_before": len(content),
-                    }
-                )
-                message["content"] = short
-        dropped = 0
-        while self.estimate_tokens() > budget and len(self.messages) > 2:
-            end = self._first_turn_end()
-            if end is None or end >= self._recent_start():
-                break
-            dropped += end - 2
-            del self.messages[2:end]
-        if dropped:
-            changes.append({"op": "drop", "count": dropped})
-        if changes:
-            self._journal_trim(changes)
-
-    def _journal_trim(self, changes: list[dict[str, Any]]) -> None:
-        self.transcript.append(
+        self.history.messages = trim.messages
+        await self.transcript.append_async(
             "context_trimmed",
-            {"turn": self.turn, "changes": changes, "estimated_tokens": self.estimate_tokens(),
-             "context_tokens": self.config.context_tokens},
+            {"turn": self.turn, "changes": [c.to_json() for c in trim.changes],
+             "estimated_tokens": trim.estimated_tokens, "context_tokens": self.config.context_tokens},
         )  # fmt: skip
-
-    def _keep_last_images(self) -> list[dict[str, Any]]:
-        """Replaces every image but the last ``keep_images`` with a placeholder; returns the changes."""
-        keep = self.config.keep_images
-        if keep is None:
-            return []
-        changes: list[dict[str, Any]] = []
-        seen = 0
-        for index in range(len(self.messages) - 1, 1, -1):
-            content = self.messages[index].get("content")
-            if not isinstance(content, list) or not any(is_image_ref(p) for p in content):
-                continue
-            kept: list[dict[str, Any]] = []
-            dropped: list[str] = []
-            for part in reversed(content):
-                if is_image_ref(part):
-                    seen += 1
-                    if seen > keep:
-                        dropped.append(part["sha256"])
-                        part = {
-                            "type": "text",
-                            "text": f"[older screenshot {part['sha256'][:12]} removed: only the last {keep} are kept]",
-                        }
-                kept.append(part)
-            if dropped:
-                kept.reverse()
-                self.messages[index]["content"] = kept
-                changes.append(
-                    {"op": "drop_images", "index": index, "content": kept, "images": dropped}
-                )
-        return changes
-
-    def _apply_trim(self, data: dict[str, Any]) -> None:
-        for change in data["changes"]:
-            if change["op"] in ("shorten", "drop_images") and change["index"] < len(self.messages):
-                self.messages[change["index"]]["content"] = change["content"]
-            elif change["op"] == "drop":
-                del self.messages[2 : 2 + change["count"]]
-
-    def _assistant_indices(self) -> list[int]:
-        return [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
-
-    def _recent_start(self) -> int:
-        assistants = self._assistant_indices()
-        keep = self.config.keep_recent_turns
-        return assistants[-keep] if len(assistants) >= keep else 2
-
-    def _first_turn_end(self) -> int | None:
-        """Index just past the oldest turn (its assistant message and tool results)."""
-        assistants = self._assistant_indices()
-        if len(assistants) < 2:
-            return None
-        return assistants[1]
-
-
-def _tool_message(call_id: str, content: str | list[dict[str, Any]]) -> dict[str, Any]:
-    """A tool result as the model sees it: text only (its images follow in a user message)."""
-    if isinstance(content, list):
-        content = "\n".join(
-            f"[image {p['sha256'][:12]}: attached in the next message]" if is_image_ref(p) else str(p.get("text", ""))
-            for p in content
-        )  # fmt: skip
-    return {"role": "tool", "tool_call_id": call_id, "content": content}

@@ -18,7 +18,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,9 @@ class EndpointLimiter:
         self._pause_until = max(self._pause_until, time.monotonic() + seconds)
 
 
-RetryHook = Callable[[int, int | None, float, str], None]
+RetryHook = Callable[[int, int | None, float, str], Awaitable[None] | None]
+"""Called before each retry with (attempt, HTTP status or None, wait_s, reason); awaited
+when it returns an awaitable (the loop journals the retry)."""
 
 
 class ModelClient:
@@ -178,7 +180,9 @@ class ModelClient:
                     )
                 raise AgentError(f"model call failed after {attempt} attempts; last error {reason}")
             if on_retry is not None:
-                on_retry(attempt, status, wait, reason)
+                pending = on_retry(attempt, status, wait, reason)
+                if pending is not None:
+                    await pending
             await asyncio.sleep(wait)
 
     def _backoff(self, attempt: int) -> float:
