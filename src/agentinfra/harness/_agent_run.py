@@ -35,8 +35,8 @@ from agentinfra.agent import (
 )
 from agentinfra.environments import AgentHooks, GraderSettings, Submission
 from agentinfra.errors import ConfigError
-from agentinfra.harness._environment import open_environment
-from agentinfra.harness._harness import RunHarness, graded_score
+from agentinfra.harness._executors import open_environment
+from agentinfra.harness._queue import RunHarness, graded_score
 from agentinfra.harness._rundir import RunDirectory
 from agentinfra.harness._spec import Budget, RunSpec
 

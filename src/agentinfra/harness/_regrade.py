@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from agentinfra.environments import Environment, Evaluation
-from agentinfra.harness._environment import Executor, LocalExecutor
+from agentinfra.harness._executors import Executor, LocalExecutor
 from agentinfra.harness._metrics import best_so_far
 from agentinfra.harness._progress import OnProgress, ProgressTracker
 from agentinfra.harness._report import load_records

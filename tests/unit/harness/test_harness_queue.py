@@ -168,7 +168,7 @@ def test_a_crashing_evaluation_is_recorded_as_grader_error(tmp_path: Path) -> No
 def test_a_serving_run_journals_the_machine_and_says_which_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agentinfra.harness._harness as harness_module
+    import agentinfra.harness._queue as harness_module
 
     monkeypatch.setattr(harness_module, "MACHINE_SAMPLE_S", 0.02)
     run, env = make(tmp_path)

@@ -24,10 +24,10 @@ from typing import Any
 
 from agentinfra.environments import Environment, Evaluation, Outcome, Submission
 from agentinfra.errors import HarnessError
-from agentinfra.harness._environment import Executor, LocalExecutor
+from agentinfra.harness._executors import Executor, LocalExecutor
 from agentinfra.harness._progress import ProgressTracker
 from agentinfra.harness._rundir import RunDirectory
-from agentinfra.harness._utilisation import MachineSampler
+from agentinfra.harness._walltime import MachineSampler
 
 __all__ = ["Receipt", "RunHarness", "RunState", "graded_score"]
 
