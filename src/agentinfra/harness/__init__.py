@@ -15,6 +15,7 @@ from agentinfra.harness._agent_run import (
     run_agents,
 )
 from agentinfra.harness._executors import (
+    EvaluationRequest,
     Executor,
     LocalExecutor,
     make_executor,
@@ -49,6 +50,7 @@ __all__ = [
     "Budget",
     "Change",
     "EXPORT_SCHEMA_VERSION",
+    "EvaluationRequest",
     "Event",
     "Executor",
     "FINISH_MARKER",

@@ -2,19 +2,29 @@
 
 `open_environment` turns a run's spec into an `Environment` (the registry
 resolves ``spec.environment``; the environment loads ``spec.task``). An
-`Executor` runs evaluations: `LocalExecutor` in this process's event loop,
-`RayExecutor` (``_ray``) on a cluster. The harness imports no environment.
+`Executor` runs evaluations: it is handed one `EvaluationRequest`, exactly what
+it ships (the environment's name, its task, its settings, the submission and the
+seed), and returns the `Evaluation`. `LocalExecutor` evaluates in this process's
+event loop, `RayExecutor` (``_ray``) on a cluster. The harness imports no environment.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agentinfra.environments import Environment, Evaluation, Submission, environment_definition
+from agentinfra.environments import (
+    Environment,
+    Evaluation,
+    GraderSettings,
+    Submission,
+    Task,
+    environment_definition,
+)
 from agentinfra.harness._spec import RunSpec
 
-__all__ = ["Executor", "LocalExecutor", "make_executor", "open_environment"]
+__all__ = ["EvaluationRequest", "Executor", "LocalExecutor", "make_executor", "open_environment"]
 
 
 def open_environment(spec: RunSpec, *, base: Path | None = None) -> Environment:
@@ -31,26 +41,68 @@ def open_environment(spec: RunSpec, *, base: Path | None = None) -> Environment:
     return definition.create(definition.load_task(task), spec.grader)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvaluationRequest:
+    """One evaluation, as an executor ships it: everything the far side needs, nothing else.
+
+    ``environment`` is the registered name the far side opens; ``seed`` None means
+    fresh secret seeds there (the harness never derives them from the run's seed).
+    """
+
+    environment: str
+    task: Task
+    settings: GraderSettings
+    submission: Submission
+    seed: int | None = None
+
+    @classmethod
+    def of(
+        cls, environment: Environment, submission: Submission, *, seed: int | None = None
+    ) -> EvaluationRequest:
+        """The request to evaluate ``submission`` as ``environment`` would."""
+        return cls(environment=environment.name, task=environment.task,
+                   settings=environment.settings, submission=submission, seed=seed)  # fmt: skip
+
+    def is_for(self, environment: Environment) -> bool:
+        """Whether ``environment`` is the one this request names (name, task and settings)."""
+        return (environment.name, environment.task, environment.settings) == (
+            self.environment, self.task, self.settings,
+        )  # fmt: skip
+
+
 class Executor(Protocol):
-    """Runs one evaluation of an environment somewhere."""
+    """Runs one evaluation request somewhere."""
 
     @property
     def where(self) -> str: ...
 
-    async def evaluate(
-        self, environment: Environment, submission: Submission, *, seed: int | None = None
-    ) -> Evaluation: ...
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation: ...
 
 
 class LocalExecutor:
-    """Evaluates in this process (the environment decides how: kernels use sandboxed subprocesses)."""
+    """Evaluates in this process (the environment decides how: kernels use sandboxed subprocesses).
+
+    A request is evaluated by the environment given here when it names that one
+    (the run's own: `RunHarness` passes it), else by one opened through the
+    registry from the request, as a Ray worker would, and kept for later requests.
+    """
 
     where = "local"
 
-    async def evaluate(
-        self, environment: Environment, submission: Submission, *, seed: int | None = None
-    ) -> Evaluation:
-        return await environment.evaluate(submission, seed=seed)
+    def __init__(self, *environments: Environment) -> None:
+        self._environments = list(environments)
+
+    def _environment_for(self, request: EvaluationRequest) -> Environment:
+        for environment in self._environments:
+            if request.is_for(environment):
+                return environment
+        opened = environment_definition(request.environment).create(request.task, request.settings)
+        self._environments.append(opened)
+        return opened
+
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+        environment = self._environment_for(request)
+        return await environment.evaluate(request.submission, seed=request.seed)
 
 
 def make_executor(cluster: str | None = None) -> Executor:

@@ -14,7 +14,6 @@ import asyncio
 from typing import Any
 
 from agentinfra.environments import (
-    Environment,
     Evaluation,
     GraderSettings,
     Submission,
@@ -22,6 +21,7 @@ from agentinfra.environments import (
     environment_definition,
 )
 from agentinfra.errors import HarnessError
+from agentinfra.harness._executors import EvaluationRequest
 
 __all__ = ["RayExecutor"]
 
@@ -51,11 +51,10 @@ class RayExecutor:
         self._remote = ray.remote(num_cpus=num_cpus_per_grading)(_evaluate_remote)
         self.where = f"ray:{address or 'local'}"
 
-    async def evaluate(
-        self, environment: Environment, submission: Submission, *, seed: int | None = None
-    ) -> Evaluation:
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
         reference = self._remote.remote(
-            environment.name, environment.task, environment.settings.model_dump(), submission, seed
-        )
+            request.environment, request.task, request.settings.model_dump(), request.submission,
+            request.seed,
+        )  # fmt: skip
         result: dict[str, Any] = await asyncio.wrap_future(reference.future())
         return Evaluation.model_validate(result)

@@ -19,7 +19,14 @@ from agentinfra.environments import (
     Task,
 )
 from agentinfra.errors import HarnessError
-from agentinfra.harness import RunDirectory, RunHarness, RunSpec
+from agentinfra.harness import (
+    EvaluationRequest,
+    LocalExecutor,
+    RunDirectory,
+    RunHarness,
+    RunSpec,
+    regrade,
+)
 
 
 class FakeEnvironment:
@@ -188,3 +195,70 @@ def test_a_serving_run_journals_the_machine_and_says_which_source(
     assert samples
     assert all(s["source"] == "proc" and 0.0 <= s["cpu_busy"] <= 1.0 for s in samples)
     assert "NVML unavailable" in samples[0]["note"]
+
+
+def test_a_crashing_evaluation_during_regrade_is_that_submissions_grader_error(
+    tmp_path: Path,
+) -> None:
+    run, env = make(tmp_path)
+    harness = RunHarness(run, env, eval_workers=1)
+    receipts = [harness.submit(sub(f"speed={i}"), source="t") for i in (1, 2, 3)]
+    asyncio.run(harness.drain())
+    graded = env.evaluate
+
+    async def crash_on_two(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        if submission.data == b"speed=2":
+            raise RuntimeError("grader fell over")
+        return await graded(submission, seed=seed)
+
+    env.evaluate = crash_on_two  # type: ignore[method-assign]
+    changes = asyncio.run(regrade(run, env, workers=2))
+    assert [(c.sha256, c.old_outcome, c.new_outcome, c.new_score) for c in changes] == [
+        (receipts[0].sha256, "passed", "passed", 1.0),
+        (receipts[1].sha256, "passed", "grader_error", None),
+        (receipts[2].sha256, "passed", "passed", 3.0),
+    ]
+    crashed = run.read_evaluation(receipts[1].sha256, env.grader_version, "regrade-1")
+    assert crashed is not None
+    assert (crashed.outcome, crashed.error) == (
+        Outcome.GRADER_ERROR,
+        "RuntimeError: grader fell over",
+    )
+    assert [e.data["changed"] for e in run.journal.events if e.type == "regrade_finished"] == [1]
+    assert len(env.graded) == 3 + 2
+
+
+def test_the_executor_receives_the_request_it_ships(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    requests: list[EvaluationRequest] = []
+
+    class Recording:
+        where = "recording"
+
+        async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+            requests.append(request)
+            return await LocalExecutor(env).evaluate(request)
+
+    harness = RunHarness(run, env, eval_workers=1, executor=Recording())
+    receipt = harness.submit(sub("speed=4"), source="t")
+    asyncio.run(harness.drain())
+    [request] = requests
+    assert (request.environment, request.task, request.settings, request.seed) == (
+        "fake", Task("task", b""), GraderSettings(), None,
+    )  # fmt: skip
+    assert (request.submission.data, request.submission.name) == (b"speed=4", "s.txt")
+    assert request.submission.meta["source"] == "t"
+    assert harness.state.graded[receipt.sha256]["score"] == 4.0
+
+
+def test_a_local_executor_uses_the_environment_a_request_names(tmp_path: Path) -> None:
+    env = FakeEnvironment()
+    request = EvaluationRequest.of(env, sub("speed=2"))
+    assert request.is_for(env)
+    assert not request.is_for(type("Other", (FakeEnvironment,), {"name": "other"})())
+    decoy = FakeEnvironment()
+    decoy.settings = GraderSettings(threads=2)
+    assert not request.is_for(decoy)
+    evaluation = asyncio.run(LocalExecutor(decoy, env).evaluate(request))
+    assert (evaluation.outcome, evaluation.score) == (Outcome.PASSED, 2.0)
+    assert (env.graded, decoy.graded) == ([sub("speed=2")], [])
