@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,13 @@ def agent_run_spec(
             wall_hours=config.wall_hours, tokens=config.max_tokens, cost_usd=config.max_cost_usd
         ),
         grader=grader,
+    )
+
+
+def _completed_tool_calls(transcript: Transcript, names: Collection[str]) -> int:
+    """How many results of the tools ``names`` the transcript holds (`AgentHooks.completed_tool_calls`)."""
+    return sum(
+        1 for e in transcript.events if e.type == "tool_result" and e.data.get("name") in names
     )
 
 
@@ -187,6 +194,7 @@ async def run_agent(
             options=dict(run.spec.agent.get("options") or {}),
             waiting=lambda reason: setattr(state, "waiting", reason),
             turn=lambda: loop.turn if loop is not None else None,
+            completed_tool_calls=lambda names: _completed_tool_calls(transcript, names),
         ),
     )
     loop = AgentLoop(
