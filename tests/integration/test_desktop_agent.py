@@ -53,7 +53,14 @@ def no_desktop_outlives_its_run() -> Iterator[None]:
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
         left = sandboxed_processes() - before
-    assert left == set()
+    assert left == set(), [_command(pid) for pid, _ in sorted(left)]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def start_runs(
