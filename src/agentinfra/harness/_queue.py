@@ -259,9 +259,12 @@ class RunHarness:
                 if tracker is not None:
                     tracker.finish(sha)
 
-        async with asyncio.TaskGroup() as group:
-            for _ in range(min(self.eval_workers, len(shas))):
-                group.create_task(worker())
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(self.eval_workers, len(shas))):
+                    group.create_task(worker())
+        except* Exception as failed:  # the harness's own failure, as itself (not in a group)
+            raise failed.exceptions[0] from None
         return results
 
     def ingest_inbox(self) -> bool:

@@ -262,3 +262,17 @@ def test_a_local_executor_uses_the_environment_a_request_names(tmp_path: Path) -
     evaluation = asyncio.run(LocalExecutor(decoy, env).evaluate(request))
     assert (evaluation.outcome, evaluation.score) == (Outcome.PASSED, 2.0)
     assert (env.graded, decoy.graded) == ([sub("speed=2")], [])
+
+
+def test_a_harness_failure_during_regrade_stops_it_as_itself(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    harness = RunHarness(run, env, eval_workers=2)
+    harness.submit(sub("speed=1"), source="t")
+    harness.submit(sub("speed=2"), source="t")
+
+    async def journal_gone(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        raise HarnessError("cannot write journal")
+
+    env.evaluate = journal_gone  # type: ignore[method-assign]
+    with pytest.raises(HarnessError, match=r"^cannot write journal$"):
+        asyncio.run(harness.grade_again(list(harness.state.received)))
