@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +14,53 @@ import pytest
 
 from agentinfra.agent import EndpointLimiter, LoopConfig, ScriptedModelServer
 from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments.desktop._agent import ActionLog, read_actions
 from agentinfra.environments.desktop._policy import CALC_PLANS, CHEAT_PLAN, DesktopPolicy
 from agentinfra.harness import RunDirectory, agent_run_spec, run_agents
+from agentinfra.sandbox import UID_RANGE
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
 MODEL = "scripted-vision"
 
 pytestmark = pytest.mark.slow
+
+
+def sandboxed_processes() -> set[tuple[int, int]]:
+    """(pid, uid) of every process running under one of the sandbox's uids."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = os.stat(f"/proc/{entry}").st_uid
+            except OSError:
+                continue
+            if UID_RANGE[0] <= uid < UID_RANGE[1]:
+                found.add((int(entry), uid))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_desktop_outlives_its_run() -> Iterator[None]:
+    """After every test, whatever order they run in: no sandboxed process it started is left.
+
+    A killed run's desktop ends with its controller's stdin, the others at close;
+    both may take a moment, so this waits (up to 10 s) for them to be gone."""
+    before = sandboxed_processes()
+    yield
+    deadline = time.monotonic() + 10
+    left = sandboxed_processes() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = sandboxed_processes() - before
+    assert left == set(), [_command(pid) for pid, _ in sorted(left)]
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
 
 
 def start_runs(
@@ -150,11 +192,9 @@ def test_gui_only_cheat_is_refused_and_flagged(tmp_path: Path) -> None:
 
 
 def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> None:
-    import os
     import signal
     import subprocess
     import sys
-    import time
 
     from agentinfra.agent import Reply
 
@@ -203,31 +243,14 @@ def test_sigkill_mid_episode_then_resume_replays_the_actions(tmp_path: Path) -> 
     replay_note = str(results[4]["data"]["content"])
     assert "[resume] 4 journalled actions were replayed" in replay_note
     assert "differs" not in replay_note
-    actions = (run / "agent" / "workspace" / "episode" / "actions.jsonl").read_text().splitlines()
+    actions = read_actions(run / "agent" / "workspace" / "episode")
     assert len(actions) == 9  # the files after setup, then 7 actions and done, each once
-    assert json.loads(actions[0])["setup"] is True
+    assert actions[0]["setup"] is True
+    log = ActionLog.read(run / "agent" / "workspace" / "episode" / "actions.jsonl")
+    assert [e.type for e in log] == ["action"] * 9  # a journal: each entry an fsync'd event
     (final,) = [json.loads(p.read_text()) for p in sorted((run / "evaluations").rglob("*.json"))]
     assert final["outcome"] == "passed"
     assert not [f for f in final["findings"] if f["check"] == "resume_replay_mismatch"]
-
-
-def test_no_desktop_outlives_its_run() -> None:
-    import os
-
-    from agentinfra.sandbox import UID_RANGE
-
-    left = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = os.stat(f"/proc/{entry}").st_uid
-            except OSError:
-                continue
-            if UID_RANGE[0] <= uid < UID_RANGE[1]:
-                left.append((entry, uid))
-    assert (
-        left == []
-    )  # the killed run's desktop ended with its controller's stdin, the others at close
 
 
 def test_a_pass_without_any_action_is_noted(tmp_path: Path) -> None:

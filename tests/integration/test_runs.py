@@ -36,6 +36,26 @@ def wait_for(predicate: object, timeout_s: float) -> None:
     raise AssertionError("condition not reached in time")
 
 
+def freeze_mid_grading(
+    server: subprocess.Popen[bytes], run: Path, timeout_s: float
+) -> list[dict[str, object]]:
+    """Stops the server's process group (SIGSTOP) once its journal shows a grading started; that journal.
+
+    Each look is taken while the server is stopped, so the journal returned is the
+    state that a kill sent before any SIGCONT meets (nothing can be graded in between)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        os.killpg(server.pid, signal.SIGSTOP)
+        lines = (run / "journal.jsonl").read_text().split("\n")[:-1]  # whole lines only
+        events = [json.loads(line) for line in lines if line.strip()]
+        types = [e["type"] for e in events]
+        if "grading_started" in types:
+            return events
+        os.killpg(server.pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"no grading started within {timeout_s} s")
+
+
 @pytest.mark.slow
 def test_kill_minus_nine_mid_grading_then_resume(tmp_path: Path) -> None:
     run = tmp_path / "run"
@@ -51,9 +71,10 @@ def test_kill_minus_nine_mid_grading_then_resume(tmp_path: Path) -> None:
                 env=ENV,
                 capture_output=True,
             )
-        wait_for(lambda: any(e["type"] == "grading_started" for e in journal(run)), 60)
-        time.sleep(1.0)  # inside the first grading
-        assert not any(e["type"] == "graded" for e in journal(run))
+        frozen = freeze_mid_grading(server, run, 60)
+        assert [e["type"] for e in frozen].count("grading_started") == 1
+        assert not any(e["type"] == "graded" for e in frozen)
+        # Stopped since the look above: the kill meets exactly that state, mid-grading.
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
     finally:

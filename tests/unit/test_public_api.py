@@ -95,6 +95,7 @@ EXPECTED: dict[str, list[str]] = {
         "Budget",
         "Change",
         "EXPORT_SCHEMA_VERSION",
+        "EvaluationRequest",
         "Event",
         "Executor",
         "FINISH_MARKER",

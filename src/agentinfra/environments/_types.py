@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -214,7 +214,9 @@ class AgentHooks:
     for the desktop its action space, observation and screenshot size);
     ``waiting(reason)`` tells the progress view the agent waits for a shared
     resource (a desktop slot), ``waiting(None)`` that it no longer does;
-    ``turn()`` is the agent's current turn (for journals that link to it).
+    ``turn()`` is the agent's current turn (for journals that link to it);
+    ``completed_tool_calls(names)`` is how many calls of the tools named ``names``
+    the agent's transcript holds a result of, earlier sessions of a resumed run included.
     """
 
     submit: Callable[[Submission], Awaitable[str]]
@@ -222,6 +224,7 @@ class AgentHooks:
     options: Mapping[str, Any] = field(default_factory=dict)
     waiting: Callable[[str | None], None] = lambda reason: None
     turn: Callable[[], int | None] = lambda: None
+    completed_tool_calls: Callable[[Collection[str]], int] = lambda names: 0
 
 
 @dataclass(frozen=True, slots=True)

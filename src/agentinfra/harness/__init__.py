@@ -1,4 +1,5 @@
-"""Long-horizon runs: journal, submissions, grading queue, metrics, regrade and reports.
+"""Long-horizon runs: journal, submissions, grading queue (`_queue`), executors (`_executors`),
+metrics, wall time (`_walltime`), regrade and reports.
 
 The harness works with any registered environment through the seam in
 `agentinfra.environments`; it imports no particular environment.
@@ -13,17 +14,18 @@ from agentinfra.harness._agent_run import (
     run_agent,
     run_agents,
 )
-from agentinfra.harness._environment import (
+from agentinfra.harness._executors import (
+    EvaluationRequest,
     Executor,
     LocalExecutor,
     make_executor,
     open_environment,
 )
 from agentinfra.harness._export import EXPORT_SCHEMA_VERSION, export_record
-from agentinfra.harness._harness import Receipt, RunHarness, RunState, graded_score
 from agentinfra.harness._journal import JOURNAL_SCHEMA_VERSION, Event, Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, best_so_far, compute_metrics
 from agentinfra.harness._progress import OnProgress, Progress
+from agentinfra.harness._queue import Receipt, RunHarness, RunState, graded_score
 from agentinfra.harness._ray import RayExecutor
 from agentinfra.harness._recording import load_recording, replay_recording
 from agentinfra.harness._regrade import Change, regrade, remeasure_best
@@ -48,6 +50,7 @@ __all__ = [
     "Budget",
     "Change",
     "EXPORT_SCHEMA_VERSION",
+    "EvaluationRequest",
     "Event",
     "Executor",
     "FINISH_MARKER",

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,8 @@ from agentinfra.agent import (
 )
 from agentinfra.environments import AgentHooks, Submission
 from agentinfra.errors import ConfigError
-from agentinfra.harness._environment import open_environment
-from agentinfra.harness._harness import RunHarness, graded_score
+from agentinfra.harness._executors import open_environment
+from agentinfra.harness._queue import RunHarness, graded_score
 from agentinfra.harness._rundir import RunDirectory
 from agentinfra.harness._spec import Budget, RunSpec
 
@@ -102,6 +102,13 @@ def agent_run_spec(
             wall_hours=config.wall_hours, tokens=config.max_tokens, cost_usd=config.max_cost_usd
         ),
         settings=dict(settings),
+    )
+
+
+def _completed_tool_calls(transcript: Transcript, names: Collection[str]) -> int:
+    """How many results of the tools ``names`` the transcript holds (`AgentHooks.completed_tool_calls`)."""
+    return sum(
+        1 for e in transcript.events if e.type == "tool_result" and e.data.get("name") in names
     )
 
 
@@ -192,6 +199,7 @@ async def run_agent(
             options=dict(run.spec.agent.get("options") or {}),
             waiting=lambda reason: setattr(state, "waiting", reason),
             turn=lambda: loop.turn if loop is not None else None,
+            completed_tool_calls=lambda names: _completed_tool_calls(transcript, names),
         ),
     )
     loop = AgentLoop(

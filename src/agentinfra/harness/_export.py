@@ -20,8 +20,8 @@ from typing import Any
 from agentinfra.agent import LoopConfig, Usage, profile_for
 from agentinfra.environments import Anomaly
 from agentinfra.errors import HarnessError
-from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
+from agentinfra.harness._queue import graded_score
 from agentinfra.harness._rundir import RunDirectory, RunLayout
 
 __all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]

@@ -15,13 +15,13 @@ import asyncio
 from typing import Any
 
 from agentinfra.environments import (
-    Environment,
     Evaluation,
     Submission,
     Task,
     environment_definition,
 )
 from agentinfra.errors import HarnessError
+from agentinfra.harness._executors import EvaluationRequest
 
 __all__ = ["RayExecutor"]
 
@@ -51,15 +51,13 @@ class RayExecutor:
         self._remote = ray.remote(num_cpus=num_cpus_per_grading)(_evaluate_remote)
         self.where = f"ray:{address or 'local'}"
 
-    async def evaluate(
-        self, environment: Environment, submission: Submission, *, seed: int | None = None
-    ) -> Evaluation:
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
         reference = self._remote.remote(
-            environment.name,
-            environment.task,
-            environment.settings.model_dump(mode="json"),
-            submission,
-            seed,
+            request.environment,
+            request.task,
+            request.settings.model_dump(mode="json"),
+            request.submission,
+            request.seed,
         )
         result: dict[str, Any] = await asyncio.wrap_future(reference.future())
         return Evaluation.model_validate(result)

@@ -21,9 +21,9 @@ from typing import Any
 from agentinfra.environments import Submission
 from agentinfra.errors import HarnessError
 from agentinfra.harness import _migrations
-from agentinfra.harness._environment import Executor, open_environment
-from agentinfra.harness._harness import RunHarness
+from agentinfra.harness._executors import Executor, open_environment
 from agentinfra.harness._progress import OnProgress, ProgressTracker
+from agentinfra.harness._queue import RunHarness
 from agentinfra.harness._rundir import RunDirectory
 from agentinfra.harness._spec import Budget, RunSpec
 

@@ -1,19 +1,22 @@
 """Grading submissions again: `regrade` (every submission, a new or stricter grader) and
 `remeasure_best` (the best-so-far submissions, against the winner's curse).
 
+Both go through the run's grading queue (`RunHarness.grade_again`): its pool of
+eval workers, its executor and its failure rule, so an evaluation that crashes is
+that submission's ``grader_error`` and the others are graded all the same.
 New verdicts are stored beside the old ones (``evaluations/<sha>/<grader>@<label>.json``)
 and journalled; nothing is overwritten.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from agentinfra.environments import Environment, Evaluation
-from agentinfra.harness._environment import Executor, LocalExecutor
+from agentinfra.environments import Environment
+from agentinfra.harness._executors import Executor
 from agentinfra.harness._metrics import best_so_far
 from agentinfra.harness._progress import OnProgress, ProgressTracker
+from agentinfra.harness._queue import RunHarness
 from agentinfra.harness._report import load_records
 from agentinfra.harness._rundir import RunDirectory
 
@@ -36,24 +39,6 @@ class Change:
         return self.old_outcome != self.new_outcome
 
 
-async def _evaluate_all(
-    environment: Environment, run: RunDirectory, shas: list[str], workers: int, *,
-    executor: Executor | None, tracker: ProgressTracker,
-) -> dict[str, Evaluation]:  # fmt: skip
-    limit = asyncio.Semaphore(workers)
-    results: dict[str, Evaluation] = {}
-    runner = executor or LocalExecutor()
-
-    async def one(sha: str) -> None:
-        async with limit:
-            tracker.begin(sha)
-            results[sha] = await runner.evaluate(environment, run.read_submission(sha))
-            tracker.finish(sha)
-
-    await asyncio.gather(*(one(sha) for sha in shas))
-    return results
-
-
 async def regrade(run: RunDirectory, environment: Environment, *, workers: int = 2,
                   executor: Executor | None = None, on_progress: OnProgress | None = None) -> list[Change]:  # fmt: skip
     """Grades every submission again and stores the new verdicts beside the old."""
@@ -66,7 +51,8 @@ async def regrade(run: RunDirectory, environment: Environment, *, workers: int =
     shas = [str(e.data["sha256"]) for e in received]
     old = {sha: run.primary_evaluation(sha) for sha in shas}
     tracker = ProgressTracker("regrade", len(shas), on_progress)
-    new = await _evaluate_all(environment, run, shas, workers, executor=executor, tracker=tracker)
+    harness = RunHarness(run, environment, eval_workers=workers, executor=executor)
+    new = await harness.grade_again(shas, tracker=tracker)
     changes: list[Change] = []
     for seq, sha in enumerate(shas, start=1):
         evaluation = new[sha]
@@ -106,9 +92,8 @@ async def remeasure_best(
             ):
                 shas.append(sha)
     tracker = ProgressTracker("re-measure", len(shas), on_progress)
-    results = await _evaluate_all(
-        environment, run, shas, workers, executor=executor, tracker=tracker
-    )
+    harness = RunHarness(run, environment, eval_workers=workers, executor=executor)
+    results = await harness.grade_again(shas, tracker=tracker)
     for sha in shas:
         run.write_evaluation(sha, environment.grader_version, results[sha], "remeasure")
         run.journal.append(

@@ -19,7 +19,7 @@ from agentinfra.harness._filmstrip import filmstrip_frames, render_filmstrip
 from agentinfra.harness._journal import Journal
 from agentinfra.harness._metrics import SubmissionRecord, anomalies, compute_metrics, diff_text
 from agentinfra.harness._rundir import RunDirectory, atomic_write
-from agentinfra.harness._utilisation import wall_time_breakdown
+from agentinfra.harness._walltime import wall_time_breakdown
 
 __all__ = ["REPORT_SCHEMA_VERSION", "build_report", "load_records", "render_html", "write_report"]
 
@@ -265,7 +265,7 @@ def _roofline_svg(records: list[SubmissionRecord]) -> str:
     )
 
 
-def _utilisation_html(util: dict[str, Any], records: list[SubmissionRecord]) -> str:
+def _wall_time_html(util: dict[str, Any], records: list[SubmissionRecord]) -> str:
     if not util or not util.get("span_s"):
         return ""
     agent, grading, machine = (
@@ -362,7 +362,7 @@ tr.hack_flagged {{ background: #fdecea; }}
 <h2>Submissions</h2>
 <table><tr><th>#</th><th>time</th><th>outcome</th><th>{esc(score.unit)} [95% CI]</th><th>findings and evidence</th><th>change</th></tr>
 {"".join(rows)}</table>
-{_utilisation_html(report.get("utilisation", {}), records)}
+{_wall_time_html(report.get("utilisation", {}), records)}
 {render_filmstrip(report.get("steps", []), report["_images_dir"])}
 </body></html>
 """

@@ -24,9 +24,9 @@ from typing import Any
 
 from agentinfra.environments import Anomaly, RunView, environment_definition
 from agentinfra.errors import AgentInfraError, HarnessError
-from agentinfra.harness._harness import graded_score
 from agentinfra.harness._journal import Journal
 from agentinfra.harness._migrations import read_evaluation
+from agentinfra.harness._queue import graded_score
 from agentinfra.harness._rundir import RunDirectory, RunLayout, atomic_write
 
 __all__ = ["SUMMARY_SCHEMA_VERSION", "find_anomalies", "run_view", "summarize", "write_summary"]
@@ -155,7 +155,7 @@ def summarize(paths: Sequence[Path], audit: Path | None = None) -> dict[str, Any
 
 def _write_reports(paths: Sequence[Path]) -> None:
     """Each run's report (its filmstrip is what the summary links into); a run held elsewhere keeps its old one."""
-    from agentinfra.harness._environment import open_environment
+    from agentinfra.harness._executors import open_environment
     from agentinfra.harness._report import write_report
 
     for path in paths:

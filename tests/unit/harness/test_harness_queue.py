@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from agentinfra.environments import (
     AgentHooks,
@@ -19,7 +20,14 @@ from agentinfra.environments import (
     Task,
 )
 from agentinfra.errors import HarnessError
-from agentinfra.harness import RunDirectory, RunHarness, RunSpec
+from agentinfra.harness import (
+    EvaluationRequest,
+    LocalExecutor,
+    RunDirectory,
+    RunHarness,
+    RunSpec,
+    regrade,
+)
 
 
 class FakeEnvironment:
@@ -168,7 +176,7 @@ def test_a_crashing_evaluation_is_recorded_as_grader_error(tmp_path: Path) -> No
 def test_a_serving_run_journals_the_machine_and_says_which_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agentinfra.harness._harness as harness_module
+    import agentinfra.harness._queue as harness_module
 
     monkeypatch.setattr(harness_module, "MACHINE_SAMPLE_S", 0.02)
     run, env = make(tmp_path)
@@ -188,3 +196,88 @@ def test_a_serving_run_journals_the_machine_and_says_which_source(
     assert samples
     assert all(s["source"] == "proc" and 0.0 <= s["cpu_busy"] <= 1.0 for s in samples)
     assert "NVML unavailable" in samples[0]["note"]
+
+
+def test_a_crashing_evaluation_during_regrade_is_that_submissions_grader_error(
+    tmp_path: Path,
+) -> None:
+    run, env = make(tmp_path)
+    harness = RunHarness(run, env, eval_workers=1)
+    receipts = [harness.submit(sub(f"speed={i}"), source="t") for i in (1, 2, 3)]
+    asyncio.run(harness.drain())
+    graded = env.evaluate
+
+    async def crash_on_two(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        if submission.data == b"speed=2":
+            raise RuntimeError("grader fell over")
+        return await graded(submission, seed=seed)
+
+    env.evaluate = crash_on_two  # type: ignore[method-assign]
+    changes = asyncio.run(regrade(run, env, workers=2))
+    assert [(c.sha256, c.old_outcome, c.new_outcome, c.new_score) for c in changes] == [
+        (receipts[0].sha256, "passed", "passed", 1.0),
+        (receipts[1].sha256, "passed", "grader_error", None),
+        (receipts[2].sha256, "passed", "passed", 3.0),
+    ]
+    crashed = run.read_evaluation(receipts[1].sha256, env.grader_version, "regrade-1")
+    assert crashed is not None
+    assert (crashed.outcome, crashed.error) == (
+        Outcome.GRADER_ERROR,
+        "RuntimeError: grader fell over",
+    )
+    assert [e.data["changed"] for e in run.journal.events if e.type == "regrade_finished"] == [1]
+    assert len(env.graded) == 3 + 2
+
+
+def test_the_executor_receives_the_request_it_ships(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    requests: list[EvaluationRequest] = []
+
+    class Recording:
+        where = "recording"
+
+        async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+            requests.append(request)
+            return await LocalExecutor(env).evaluate(request)
+
+    harness = RunHarness(run, env, eval_workers=1, executor=Recording())
+    receipt = harness.submit(sub("speed=4"), source="t")
+    asyncio.run(harness.drain())
+    [request] = requests
+    assert (request.environment, request.task, request.settings, request.seed) == (
+        "fake", Task("task", b""), NoSettings(), None,
+    )  # fmt: skip
+    assert (request.submission.data, request.submission.name) == (b"speed=4", "s.txt")
+    assert request.submission.meta["source"] == "t"
+    assert harness.state.graded[receipt.sha256]["score"] == 4.0
+
+
+class _OtherSettings(BaseModel):
+    threads: int = 1
+
+
+def test_a_local_executor_uses_the_environment_a_request_names(tmp_path: Path) -> None:
+    env = FakeEnvironment()
+    request = EvaluationRequest.of(env, sub("speed=2"))
+    assert request.is_for(env)
+    assert not request.is_for(type("Other", (FakeEnvironment,), {"name": "other"})())
+    decoy = FakeEnvironment()
+    decoy.settings = _OtherSettings(threads=2)
+    assert not request.is_for(decoy)
+    evaluation = asyncio.run(LocalExecutor(decoy, env).evaluate(request))
+    assert (evaluation.outcome, evaluation.score) == (Outcome.PASSED, 2.0)
+    assert (env.graded, decoy.graded) == ([sub("speed=2")], [])
+
+
+def test_a_harness_failure_during_regrade_stops_it_as_itself(tmp_path: Path) -> None:
+    run, env = make(tmp_path)
+    harness = RunHarness(run, env, eval_workers=2)
+    harness.submit(sub("speed=1"), source="t")
+    harness.submit(sub("speed=2"), source="t")
+
+    async def journal_gone(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        raise HarnessError("cannot write journal")
+
+    env.evaluate = journal_gone  # type: ignore[method-assign]
+    with pytest.raises(HarnessError, match=r"^cannot write journal$"):
+        asyncio.run(harness.grade_again(list(harness.state.received)))

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from agentinfra._journal import Event
-from agentinfra.harness._utilisation import MachineSampler, wall_time_breakdown
+from agentinfra.harness._walltime import MachineSampler, wall_time_breakdown
 
 
 def ev(seq: int, at: float, type_: str, **data: Any) -> Event:

@@ -18,12 +18,13 @@ downscaled to ``screenshot_width`` (``image_url`` parts on the wire).
   snapshotted and submitted as the final submission (FAIL recorded as the last
   action, so it scores 1 only on an infeasible task).
 
-Every action is appended to ``<workspace>/episode/actions.jsonl`` once it has run,
-with a hash of the accessibility table after it. After a crash (``kill -9``
+Every action is journalled in ``<workspace>/episode/actions.jsonl`` (`ActionLog`,
+a `Journal`: fsync'd, a torn last line dropped) once it has run, with a hash of
+the accessibility table after it. After a crash (``kill -9``
 included) the resumed run starts a fresh desktop, runs the task's setup and
 replays the journalled actions in order, without asking the model; the loop's
 unfinished call, if its action had already run, is not run again (the
-transcript's completed action results say which). If the accessibility table
+agent hooks' count of completed action calls says which). If the accessibility table
 after the replay differs from the journalled one, the run is marked: the next
 observation says so, ``episode/replay_mismatch.json`` is written, and every later
 verdict carries a ``resume_replay_mismatch`` finding. Code refused
@@ -46,7 +47,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult, Transcript
+from agentinfra._atomic import write_atomic
+from agentinfra._journal import Event, Journal
+from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult
 from agentinfra.environments import AgentHooks, AgentSetup, Submission
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
@@ -54,9 +57,16 @@ from agentinfra.environments.desktop._episode import run_setup_step, snapshot_ho
 from agentinfra.environments.desktop._options import DesktopAgentOptions
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask
-from agentinfra.errors import ToolError
+from agentinfra.errors import TaskEnvironmentError, ToolError
 
-__all__ = ["EPISODE_MEDIA_TYPE", "DesktopAgent", "desktop_agent_setup"]
+__all__ = [
+    "EPISODE_MEDIA_TYPE",
+    "ActionLog",
+    "DesktopAgent",
+    "desktop_agent_setup",
+    "executed_actions",
+    "read_actions",
+]
 
 EPISODE_MEDIA_TYPE = "application/x-tar"
 """A desktop submission from an agent: ``episode.json`` and the home under ``home/``."""
@@ -67,18 +77,78 @@ _SLOTS: dict[int, asyncio.Semaphore] = {}
 _ACTION_TOOLS = ("computer", "computer_13", "pyautogui")
 
 
-def read_actions(episode_dir: Path) -> list[dict[str, Any]]:
-    """The episode's action journal (``actions.jsonl``); a torn last line is not journalled."""
-    path = episode_dir / "actions.jsonl"
-    if not path.is_file():
-        return []
+class ActionLog(Journal):
+    """An episode's action journal (``<workspace>/episode/actions.jsonl``), which resume replays.
+
+    One ``action`` event per entry, fsync'd before the agent sees the action's
+    result; a torn last line is dropped on read. Logs written before it was a
+    journal (plain JSON lines) still read, and are rewritten as one when appended to.
+    """
+
+    error_class = TaskEnvironmentError
+    FILE = "actions.jsonl"
+
+    @classmethod
+    def open_episode(cls, episode_dir: Path) -> ActionLog:
+        """The episode's log, open for appending (a log from before the journal converted first)."""
+        path = episode_dir / cls.FILE
+        if path.is_file() and _is_plain_lines(path.read_bytes()):
+            _convert_plain_lines(path)
+        return cls.open(path)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Appends one entry durably (``step`` and ``turn`` among its fields)."""
+        self.append("action", entry)
+
+    @staticmethod
+    def entry(event: Event) -> dict[str, Any]:
+        """An event as the entry `read_actions` returns: its fields and ``wall_s``."""
+        return {**event.data, "wall_s": round(event.wall_s, 3)}
+
+
+def _is_plain_lines(raw: bytes) -> bool:
+    """Whether ``raw`` is an action log from before the journal (its first line has no ``v``)."""
+    try:
+        first = json.loads(raw.split(b"\n", 1)[0])
+    except ValueError:
+        return False
+    return isinstance(first, dict) and "v" not in first
+
+
+def _plain_entries(raw: bytes) -> list[dict[str, Any]]:
+    """The entries of a log from before the journal; a torn line ends it."""
     entries = []
-    for line in path.read_text().splitlines():
+    for line in raw.decode(errors="replace").splitlines():
         try:
             entries.append(json.loads(line))
         except ValueError:
             break
     return entries
+
+
+def _convert_plain_lines(path: Path) -> None:
+    """Rewrites a log from before the journal as journal events (``wall_s`` kept), atomically."""
+    events = []
+    for seq, entry in enumerate(_plain_entries(path.read_bytes())):
+        fields = {k: v for k, v in entry.items() if k != "wall_s"}
+        events.append(Event(seq, float(entry.get("wall_s") or 0.0), 0.0, "action", fields))
+    try:
+        write_atomic(path, b"".join(event.to_line() for event in events))
+    except OSError as exc:
+        raise TaskEnvironmentError(
+            f"cannot convert the action log {path}: {exc.strerror or exc}; free disk space and resume"
+        ) from None
+
+
+def read_actions(episode_dir: Path) -> list[dict[str, Any]]:
+    """The episode's action journal (``actions.jsonl``), read only; a torn last line is not journalled."""
+    path = episode_dir / ActionLog.FILE
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    if _is_plain_lines(raw):
+        return _plain_entries(raw)
+    return [ActionLog.entry(event) for event in ActionLog.read(path)]
 
 
 def executed_actions(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,6 +169,7 @@ class DesktopAgent:
         self.episode_dir = workspace / "episode"
         self.episode_dir.mkdir(parents=True, exist_ok=True)
         self.session: DesktopSession | None = None
+        self._actions: ActionLog | None = None
         self.steps = 0
         self.refused: list[str] = []
         self.bypass_attempts: list[str] = []
@@ -137,7 +208,7 @@ class DesktopAgent:
         session.start()
         for step in self.task.config:
             run_setup_step(session, step, self.mirror)
-        journalled = read_actions(self.episode_dir)
+        journalled = [ActionLog.entry(event) for event in self._action_log().events]
         if not journalled:
             self._log({"setup": True, "files": self._file_states(session)})
         self._replay(session, executed_actions(journalled))
@@ -166,17 +237,6 @@ class DesktopAgent:
                 states[path] = hashlib.file_digest(handle, "sha256").hexdigest()
         return states
 
-    def _completed_action_results(self) -> int:
-        """How many action-tool results the run's transcript holds (it lives beside the workspace)."""
-        path = self.workspace.parent / "transcript.jsonl"
-        if not path.is_file():
-            return 0
-        return sum(
-            1
-            for e in Transcript.read(path)
-            if e.type == "tool_result" and e.data.get("name") in _ACTION_TOOLS
-        )
-
     def _replay(self, session: DesktopSession, entries: list[dict[str, Any]]) -> None:
         """After a crash: the journalled actions again, in order, on the fresh desktop."""
         if not entries:
@@ -188,7 +248,7 @@ class DesktopAgent:
                 time.sleep(float(entry["wait_s"]))
             time.sleep(0.2)
         self.steps = max(int(e.get("step", 0)) for e in entries)
-        self._skip_next = max(0, len(entries) - self._completed_action_results())
+        self._skip_next = max(0, len(entries) - self.hooks.completed_tool_calls(_ACTION_TOOLS))
         expected = entries[-1].get("a11y_sha")
         now = self._a11y_sha(session)
         if expected and now != expected:
@@ -222,6 +282,9 @@ class DesktopAgent:
         if self._slot is not None:
             self._slot.release()
             self._slot = None
+        actions, self._actions = self._actions, None
+        if actions is not None:
+            actions.close()
 
     # -- observation -----------------------------------------------------------------
     def _observe(self, session: DesktopSession, note: str, xml: str | None = None) -> ToolResult:
@@ -270,10 +333,14 @@ class DesktopAgent:
                                min(round(value[1] * scale), self.options.height - 1)]  # fmt: skip
         return scaled
 
+    def _action_log(self) -> ActionLog:
+        if self._actions is None:
+            self._actions = ActionLog.open_episode(self.episode_dir)
+        return self._actions
+
     def _log(self, entry: dict[str, Any]) -> None:
-        with (self.episode_dir / "actions.jsonl").open("a") as handle:
-            handle.write(json.dumps({"step": self.steps, "turn": self.hooks.turn(),
-                                     "wall_s": round(time.time(), 3), **entry}) + "\n")  # fmt: skip
+        """Journals one entry durably; called off the event loop (the fsync blocks)."""
+        self._action_log().record({"step": self.steps, "turn": self.hooks.turn(), **entry})
 
     async def act(self, action: Any) -> ToolResult:
         session = await self._desktop()
@@ -297,7 +364,7 @@ class DesktopAgent:
                 and _BYPASS.search(action)
             ):
                 self.bypass_attempts.append(f"step {self.steps}: {action[:300]}")
-            self._log({"action": action, "error": str(exc)})
+            await asyncio.to_thread(self._log, {"action": action, "error": str(exc)})
             raise ToolError(str(exc)) from None
         note = ""
         if step.end:
@@ -315,8 +382,8 @@ class DesktopAgent:
         xml = await asyncio.to_thread(self._tree, session)
         a11y_sha = self._a11y_sha(session, xml)
         files = await asyncio.to_thread(self._file_states, session)
-        self._log({"action": action, "code": step.code, "wait_s": step.wait_s, "a11y_sha": a11y_sha,
-                   "files": files, **({"error": note} if note else {})})  # fmt: skip
+        await asyncio.to_thread(self._log, {"action": action, "code": step.code, "wait_s": step.wait_s,
+                                "a11y_sha": a11y_sha, "files": files, **({"error": note} if note else {})})  # fmt: skip
         note = "\n".join(n for n in (self.replay_note, note) if n)
         self.replay_note = ""
         return await asyncio.to_thread(self._observe, session, note, xml)
@@ -375,7 +442,7 @@ class DesktopAgent:
     async def end(self, last_action: str) -> str:
         session = await self._desktop()
         self.ended = True
-        self._log({"action": last_action})
+        await asyncio.to_thread(self._log, {"action": last_action})
         data = await asyncio.to_thread(self._finish, session, last_action)
         receipt = await self.hooks.submit(
             Submission(data, name=f"final-{last_action.lower()}.tar", media_type=EPISODE_MEDIA_TYPE)

@@ -4,7 +4,11 @@ Steps: `recover` (replay the journal: re-enqueue what was received but not grade
 adopt verdicts written just before a crash), `submit` (store content-addressed,
 journal, enqueue), the grading workers (a bounded pool), `ingest_inbox` (files
 dropped by ``agentinfra submit`` or a watched directory), `serve` (all of it until
-the budget ends or a finish marker arrives, then drain).
+the budget ends or a finish marker arrives, then drain), `grade_again` (regrade and
+re-measure: the same pool, executor and failure rule, the verdicts for the caller to file).
+
+The failure rule: an evaluation that raises (anything but the harness's own
+`HarnessError`) is that submission's ``grader_error`` verdict; the run goes on.
 
 Idempotent by content hash and grader version: a submission is graded at most
 once per grader version; one killed mid-grading is graded again on resume (its
@@ -17,17 +21,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentinfra.environments import Environment, Evaluation, Outcome, Submission
 from agentinfra.errors import HarnessError
-from agentinfra.harness._environment import Executor, LocalExecutor
+from agentinfra.harness._executors import EvaluationRequest, Executor, LocalExecutor
 from agentinfra.harness._progress import ProgressTracker
 from agentinfra.harness._rundir import RunDirectory
-from agentinfra.harness._utilisation import MachineSampler
+from agentinfra.harness._walltime import MachineSampler
 
 __all__ = ["Receipt", "RunHarness", "RunState", "graded_score"]
 
@@ -90,7 +94,7 @@ class RunHarness:
             )
         self.run = run
         self.environment = environment
-        self.executor = executor or LocalExecutor()
+        self.executor = executor or LocalExecutor(environment)
         self.eval_workers = eval_workers
         self.state = RunState.from_run(run, environment.grader_version)
         self.queue: asyncio.Queue[str] = asyncio.Queue()
@@ -160,6 +164,29 @@ class RunHarness:
         self._enqueue(stored.sha256)
         return Receipt(stored.sha256, True, event.seq)
 
+    async def evaluate(self, sha: str) -> Evaluation:
+        """One evaluation of stored submission ``sha`` through the executor, under the failure rule.
+
+        Raises:
+            HarnessError: the harness itself failed (a journal or the run directory);
+                any other failure is returned as a ``grader_error`` evaluation.
+        """
+        try:
+            # Hidden seeds: fresh from the OS for every grading, never derived from the run's seed.
+            request = EvaluationRequest.of(self.environment, self.run.read_submission(sha))
+            return await self.executor.evaluate(request)
+        except HarnessError:
+            raise
+        except Exception as exc:  # a grader failure must not stop the run: it is a verdict
+            logger.exception("grading %s failed", sha[:12])
+            return self._grader_error(exc)
+
+    def _grader_error(self, exc: Exception) -> Evaluation:
+        return Evaluation(
+            environment=self.environment.name, outcome=Outcome.GRADER_ERROR, correct=False,
+            score_unit=self.environment.score.unit, error=f"{type(exc).__name__}: {exc}",
+        )  # fmt: skip
+
     async def _grade_one(self, sha: str) -> None:
         version = self.environment.grader_version
         if sha in self.state.graded:
@@ -170,11 +197,9 @@ class RunHarness:
                 "grading_started",
                 {"sha256": sha, "grader_version": version, "workers": self.eval_workers},
             )
-            # Hidden seeds: fresh from the OS for every grading, never derived from the run's seed.
-            submission = self.run.read_submission(sha)
             if self.progress is not None:
                 self.progress.begin(sha)
-            evaluation = await self.executor.evaluate(self.environment, submission, seed=None)
+            evaluation = await self.evaluate(sha)
             self.run.write_evaluation(sha, version, evaluation)
             self._journal_graded(sha, evaluation)
             if self.progress is not None:
@@ -203,18 +228,44 @@ class RunHarness:
                 await self._grade_one(sha)
             except HarnessError:
                 raise
-            except (
-                Exception
-            ) as exc:  # a grader failure must not stop the run: record it as a verdict
+            except Exception as exc:  # filing the verdict failed: the failure rule still holds
                 logger.exception("grading %s failed", sha[:12])
-                failed = Evaluation(
-                    environment=self.environment.name, outcome=Outcome.GRADER_ERROR, correct=False,
-                    score_unit=self.environment.score.unit, error=f"{type(exc).__name__}: {exc}",
-                )  # fmt: skip
+                failed = self._grader_error(exc)
                 self.run.write_evaluation(sha, self.environment.grader_version, failed)
                 self._journal_graded(sha, failed)
             finally:
                 self.queue.task_done()
+
+    async def grade_again(
+        self, shas: Sequence[str], *, tracker: ProgressTracker | None = None
+    ) -> dict[str, Evaluation]:
+        """Evaluates ``shas`` once more with the queue's pool of ``eval_workers`` and its failure rule.
+
+        A crashing evaluation is that submission's ``grader_error``; the others are
+        evaluated all the same. Nothing is stored or journalled here: the caller
+        (regrade, re-measure) files the evaluations, returned by hash.
+        """
+        pending: asyncio.Queue[str] = asyncio.Queue()
+        for sha in shas:
+            pending.put_nowait(sha)
+        results: dict[str, Evaluation] = {}
+
+        async def worker() -> None:
+            while not pending.empty():
+                sha = pending.get_nowait()
+                if tracker is not None:
+                    tracker.begin(sha)
+                results[sha] = await self.evaluate(sha)
+                if tracker is not None:
+                    tracker.finish(sha)
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(min(self.eval_workers, len(shas))):
+                    group.create_task(worker())
+        except* Exception as failed:  # the harness's own failure, as itself (not in a group)
+            raise failed.exceptions[0] from None
+        return results
 
     def ingest_inbox(self) -> bool:
         """Submits every file in the inbox (oldest first); True when a finish marker is there."""

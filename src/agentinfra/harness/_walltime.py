@@ -1,5 +1,8 @@
 """Where a run's wall time went, and how busy the machine was: pure functions plus a sampler.
 
+Wall time only: a kernel's position under its roofline is `kernels.Utilisation`,
+which the report shows per submission.
+
 The breakdown comes from timestamps the run already journals (nothing is estimated):
 
 - **model**: each model call's latency (the agent transcript's ``model_response``);
