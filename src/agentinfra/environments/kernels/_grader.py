@@ -172,16 +172,6 @@ import numpy as np
 from agentinfra._settings import format_size
 from agentinfra.environments import GraderSettings
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
-from agentinfra.environments.kernels._sandbox import (
-    MAX_REPLY_BYTES,
-    CpuSample,
-    ForkServerError,
-    SandboxLimits,
-    WorkerDiedError,
-    WorkerProcess,
-    WorkerTimeoutError,
-    worker_fork_server,
-)
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
     ERROR_LIMIT,
@@ -192,6 +182,16 @@ from agentinfra.environments.kernels._verdict import (
     Verdict,
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
+from agentinfra.environments.kernels._workers import (
+    MAX_REPLY_BYTES,
+    CpuSample,
+    ForkServerError,
+    SandboxLimits,
+    WorkerDiedError,
+    WorkerProcess,
+    WorkerTimeoutError,
+    worker_fork_server,
+)
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 from agentinfra.sandbox import ForkServer, UidExhaustedError, probe_sandbox_mode, reserve_uid
 
