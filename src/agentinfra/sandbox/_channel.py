@@ -15,9 +15,9 @@ killed, the ``unshare`` parent of a jail reaps the jail's pid 1 by itself
 (killing it first would leave that zombie to the machine's init, which may reap
 slowly, and the uid sweep below waits for it), the session is killed, the
 process is reaped, and under ``namespaces+uid`` every process still running as
-the jail's uid is swept. Only the standard library is imported here, and
-asyncio only when an async method runs (the jail builder imports this package
-on a grading's critical path).
+the jail's uid is swept. Only the standard library and `agentinfra.errors` are
+imported here, and asyncio only when an async method runs (the jail builder
+imports this package on a grading's critical path).
 """
 
 from __future__ import annotations
