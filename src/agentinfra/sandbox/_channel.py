@@ -116,16 +116,11 @@ class JailedProcess:
             ChannelTimeoutError: it had not taken all of ``data`` by ``deadline``.
         """
         view = memoryview(data)
-        try:
-            while view:
-                try:
-                    written = os.write(self._to, view[:_CHUNK_BYTES])
-                except BlockingIOError:
-                    _wait(self._to, writable=True, deadline=deadline)
-                    continue
-                view = view[written:]
-        except OSError as exc:
-            raise ChannelClosedError(str(exc)) from None
+        while view:
+            rest = _write_some(self._to, view)
+            if rest is None:
+                _wait(self._to, writable=True, deadline=deadline)
+            view = view if rest is None else rest
 
     def read(self, count: int, *, deadline: float = float("inf")) -> bytes:
         """At most ``count`` bytes from the process (``b""`` at its end).
@@ -147,16 +142,11 @@ class JailedProcess:
         """`send` on the running loop: waits for the pipe through the loop, never blocks it."""
         os.set_blocking(self._to, False)
         view = memoryview(data)
-        try:
-            while view:
-                try:
-                    written = os.write(self._to, view[:_CHUNK_BYTES])
-                except BlockingIOError:
-                    await _wait_async(self._to, writable=True, deadline=deadline)
-                    continue
-                view = view[written:]
-        except OSError as exc:
-            raise ChannelClosedError(str(exc)) from None
+        while view:
+            rest = _write_some(self._to, view)
+            if rest is None:
+                await _wait_async(self._to, writable=True, deadline=deadline)
+            view = view if rest is None else rest
 
     async def read_async(self, count: int, *, deadline: float) -> bytes:
         """`read` on the running loop."""
@@ -240,6 +230,21 @@ def process_tree(root: int) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _write_some(fd: int, view: memoryview) -> memoryview | None:
+    """Writes what the pipe takes now and returns the rest; None when it took nothing (it is full).
+
+    Raises:
+        ChannelClosedError: the reading end is closed.
+    """
+    try:
+        written = os.write(fd, view[:_CHUNK_BYTES])
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise ChannelClosedError(str(exc)) from None
+    return view[written:]
 
 
 def _wait(fd: int, *, writable: bool, deadline: float) -> None:
