@@ -6,7 +6,7 @@ Three timings, each the median of ``--repeats`` runs, from ``Popen`` to exit or
 to the first answer:
 
 - ``python -I -c pass`` as a plain child, and the same inside the worker's jail
-  (`agentinfra.environments.kernels._sandbox.worker_jail`: unshare, the minimal
+  (`agentinfra.environments.kernels._workers.worker_jail`: unshare, the minimal
   root with the torch/numpy/xxhash runtime bound in, pivot_root, privilege drop).
   The difference is what building the jail adds per worker.
 - a grading worker started to its ``hello`` frame and through ``load`` of a tiny
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentinfra.environments.kernels._sandbox import SandboxLimits, WorkerProcess, worker_jail
+from agentinfra.environments.kernels._workers import SandboxLimits, WorkerProcess, worker_jail
 from agentinfra.sandbox import _spec, probe_sandbox_mode
 
 PROBLEM = """

@@ -16,6 +16,11 @@ never exceptions. Third-party exceptions are translated at the component boundar
     │   ├── TierUnavailableError a tier (disk, server, Redis) cannot be reached
     │   └── TraceFormatError     a request trace line is malformed
     ├── HarnessError             harness/ (runs, journal, queue, reports)
+    ├── SandboxError             sandbox/ (jails, uids, the fork server, the channel)
+    │   ├── ChannelClosedError   a jailed process closed its end of the channel
+    │   ├── ChannelTimeoutError  a jailed process did not answer before the deadline
+    │   ├── ForkServerError      the fork server could not be started, or did not answer a spawn
+    │   └── UidExhaustedError    no free sandbox uid: too many jails at once on this machine
     ├── TaskEnvironmentError     environments/ (problems, graders)
     └── AgentError               agent/ (model endpoint, tools, loop)
         └── ToolError            the model called a tool wrongly (the message goes back to it)
@@ -31,15 +36,20 @@ __all__ = [
     "AgentError",
     "AgentInfraError",
     "BlockFormatError",
+    "ChannelClosedError",
+    "ChannelTimeoutError",
     "ConfigError",
+    "ForkServerError",
     "HarnessError",
     "KVCacheError",
     "ProtocolError",
+    "SandboxError",
     "StoreLockedError",
     "TaskEnvironmentError",
     "TierUnavailableError",
     "ToolError",
     "TraceFormatError",
+    "UidExhaustedError",
 ]
 
 
@@ -84,6 +94,26 @@ class TraceFormatError(KVCacheError):
 
 class HarnessError(AgentInfraError):
     """Base of the run harness's errors (runs, journal, grading queue, reports)."""
+
+
+class SandboxError(AgentInfraError):
+    """Base of the sandbox's errors (jails, uid reservation, the fork server)."""
+
+
+class ChannelClosedError(SandboxError):
+    """A jailed process closed its end of the channel (it exited, or closed its stdin)."""
+
+
+class ChannelTimeoutError(SandboxError):
+    """A jailed process did not answer (or read a request) before the deadline."""
+
+
+class ForkServerError(SandboxError):
+    """The fork server could not be started, or did not answer a spawn."""
+
+
+class UidExhaustedError(SandboxError, RuntimeError):
+    """No free uid was found: too many jails at once on this machine."""
 
 
 class TaskEnvironmentError(AgentInfraError):

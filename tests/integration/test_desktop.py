@@ -6,6 +6,7 @@ real grader. The full audit of the shipped tasks runs last (slow).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -56,12 +57,17 @@ def play(
 
 
 def test_calc_observation_screenshot_and_accessibility_tree(tmp_path: Path) -> None:
-    with DesktopSession() as session:
-        session.start()
-        assert session.request("launch", command=["soffice", "--calc", "--norestore"], wait_s=20)[
-            "window"
-        ]
-        png, pointer = session.screenshot()
+    asyncio.run(_calc_observation())
+
+
+async def _calc_observation() -> None:
+    async with DesktopSession() as session:
+        await session.start()
+        launched = await session.request(
+            "launch", command=["soffice", "--calc", "--norestore"], wait_s=20
+        )
+        assert launched["window"]
+        png, pointer = await session.screenshot()
         assert png.startswith(b"\x89PNG")
         assert len(png) > 5000
         import io
@@ -72,15 +78,15 @@ def test_calc_observation_screenshot_and_accessibility_tree(tmp_path: Path) -> N
         assert image.size == (1920, 1080)
         # the pointer is drawn in: its outline is black on the white sheet
         assert image.getpixel((pointer[0], pointer[1] + 1)) in ((0, 0, 0), (255, 255, 255))
-        reply = session.request("accessibility", max_nodes=5000)
+        reply = await session.request("accessibility", max_nodes=5000)
         xml = reply["xml"]
         assert reply["ok"]
         assert "LibreOffice Calc" in xml
         assert 'name="A1"' in xml
         assert "menu" in xml
         # the jail: its own uid, no network, no view of the checkout or the task files
-        probe = session.request("execute", command="id -u; cat /proc/net/dev | wc -l; ls /work /root 2>&1 | head -2; "
-                                "echo $HOME", shell=True, timeout=10)["output"]  # fmt: skip
+        probe = (await session.request("execute", command="id -u; cat /proc/net/dev | wc -l; ls /work /root 2>&1 | "
+                                       "head -2; echo $HOME", shell=True, timeout=10))["output"]  # fmt: skip
         uid, net_lines, *rest = probe.split("\n")
         assert int(uid) == session.uid
         assert int(uid) != 0

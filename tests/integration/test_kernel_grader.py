@@ -31,7 +31,7 @@ from agentinfra.environments.kernels import (
     grade_async,
     probe_sandbox_mode,
 )
-from agentinfra.environments.kernels._sandbox import WORKER_DISTRIBUTIONS
+from agentinfra.environments.kernels._workers import WORKER_DISTRIBUTIONS
 from agentinfra.errors import TaskEnvironmentError
 from agentinfra.sandbox import python_runtime_paths, system_library_paths
 

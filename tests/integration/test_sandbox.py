@@ -6,26 +6,35 @@ that reports what it can see as JSON on stdout.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentinfra.sandbox import (
+    UID_RANGE,
+    ChannelClosedError,
+    ChannelTimeoutError,
     ForkServer,
     ForkServerError,
+    JailedProcess,
     JailLimits,
     JailSpec,
+    kill_uid,
     probe_sandbox_mode,
     python_runtime_paths,
+    reserve_uid,
     system_library_paths,
 )
 
@@ -34,7 +43,6 @@ MODE = probe_sandbox_mode()
 pytestmark = pytest.mark.skipif(
     MODE not in ("namespaces+uid", "userns"), reason="no namespaces on this machine"
 )
-UID = 259_123
 RUNTIME = python_runtime_paths(("xxhash",)) + system_library_paths()
 
 REPORT = """
@@ -76,6 +84,18 @@ print(json.dumps({
     'fds': sorted(int(fd) for fd in os.listdir('/proc/self/fd')),
 }))
 """
+
+
+@pytest.fixture
+def uid() -> Iterator[int]:
+    """A uid reserved machine-wide for the test (`reserve_uid`, as the grader and desktop do), swept after."""
+    reserved, lock = reserve_uid()
+    assert UID_RANGE[0] <= reserved < UID_RANGE[1]
+    try:
+        yield reserved
+    finally:
+        kill_uid(reserved)
+        os.close(lock)
 
 
 @pytest.fixture
@@ -139,7 +159,7 @@ def _fork_launch(tmp_path: Path, spec: JailSpec) -> subprocess.CompletedProcess[
 
 
 def run_jail(
-    tmp_path: Path, planted: list[Path], launch: str = "exec", **changes: object
+    tmp_path: Path, planted: list[Path], uid: int, launch: str = "exec", **changes: object
 ) -> dict[str, object]:
     given = tmp_path / "given.txt"
     given.write_text("handed in")
@@ -150,7 +170,7 @@ def run_jail(
         argv=(sys.executable, "-I", "-c", REPORT, json.dumps([str(p) for p in planted]),
               str(server.getsockname()[1]), str(allowed)),
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        uid=UID,
+        uid=uid,
         ro_paths=(*RUNTIME, str(allowed)),
         files=(("/opt/tool/generated.txt", "generated"),),
         copy_in=((str(given), "given.txt"),),
@@ -177,11 +197,11 @@ LAUNCHES = pytest.mark.parametrize("launch", ["exec", "fork"])
 
 @LAUNCHES
 def test_the_jail_root_holds_only_the_allowlist(
-    tmp_path: Path, planted: list[Path], launch: str
+    tmp_path: Path, planted: list[Path], uid: int, launch: str
 ) -> None:
     for path in planted:
         assert path.exists(), f"{path} should be readable outside the jail"
-    seen = run_jail(tmp_path, planted, launch)
+    seen = run_jail(tmp_path, planted, uid, launch)
     allowed_tops = {p.split("/")[1] for p in RUNTIME} | {"dev", "etc", "proc", "tmp", "opt"}
     assert set(seen["root"]) <= allowed_tops, seen["root"]  # type: ignore[arg-type]
     assert "home" not in seen["root"]
@@ -211,9 +231,11 @@ def test_the_jail_root_holds_only_the_allowlist(
 
 
 @LAUNCHES
-def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path], launch: str) -> None:
-    seen = run_jail(tmp_path, planted, launch)
-    expected_uid = UID if MODE == "namespaces+uid" else 0
+def test_the_jail_drops_every_privilege(
+    tmp_path: Path, planted: list[Path], uid: int, launch: str
+) -> None:
+    seen = run_jail(tmp_path, planted, uid, launch)
+    expected_uid = uid if MODE == "namespaces+uid" else 0
     assert (seen["uid"], seen["gid"]) == (expected_uid, expected_uid)
     assert seen["groups"] == [] or MODE == "userns"
     assert seen["cap_eff"] == seen["cap_bnd"] == seen["cap_inh"] == "0000000000000000"
@@ -233,11 +255,13 @@ def test_the_jail_drops_every_privilege(tmp_path: Path, planted: list[Path], lau
 
 
 @LAUNCHES
-def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(tmp_path: Path, launch: str) -> None:
+def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(
+    tmp_path: Path, uid: int, launch: str
+) -> None:
     marker = tmp_path / "ran"
     spec = JailSpec(
         argv=(sys.executable, "-I", "-c", f"open({str(marker)!r}, 'w')"),
-        env={}, uid=UID, ro_paths=RUNTIME, copy_in=((str(tmp_path / "missing.py"), "x.py"),),
+        env={}, uid=uid, ro_paths=RUNTIME, copy_in=((str(tmp_path / "missing.py"), "x.py"),),
     )  # fmt: skip
     done = (
         subprocess.run(spec.command(MODE), capture_output=True, text=True, timeout=60, check=False)
@@ -251,9 +275,9 @@ def test_a_jail_that_cannot_be_built_says_why_and_runs_nothing(tmp_path: Path, l
     assert not marker.exists()
 
 
-def test_a_program_outside_the_allowlist_is_refused_in_one_line(tmp_path: Path) -> None:
+def test_a_program_outside_the_allowlist_is_refused_in_one_line(tmp_path: Path, uid: int) -> None:
     outside = ROOT / ".venv" / "bin" / "pip"  # exists on the host, not bound into the jail
-    spec = JailSpec(argv=(str(outside), "--version"), env={}, uid=UID, ro_paths=RUNTIME)
+    spec = JailSpec(argv=(str(outside), "--version"), env={}, uid=uid, ro_paths=RUNTIME)
     done = subprocess.run(
         spec.command(MODE), capture_output=True, text=True, timeout=60, check=False
     )
@@ -263,8 +287,8 @@ def test_a_program_outside_the_allowlist_is_refused_in_one_line(tmp_path: Path) 
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_a_jail_needs_namespaces() -> None:
-    spec = JailSpec(argv=("true",), env={}, uid=UID, ro_paths=())
+def test_a_jail_needs_namespaces(uid: int) -> None:
+    spec = JailSpec(argv=("true",), env={}, uid=uid, ro_paths=())
     with pytest.raises(ValueError, match="rlimits-only"):
         spec.command("rlimits-only")
 
@@ -292,3 +316,104 @@ def test_a_fork_server_that_cannot_start_says_why(tmp_path: Path) -> None:
         server.start()
     server.close()
     assert not (tmp_path / "forkserver.log").exists(), "close leaves its log behind"
+
+
+ECHO = """
+import sys
+sys.stderr.write('echo started\\n')
+sys.stderr.flush()
+for line in sys.stdin:
+    if line != 'quiet\\n':
+        sys.stdout.write(line)
+        sys.stdout.flush()
+"""
+
+
+def _start_echo(tmp_path: Path, uid: int) -> JailedProcess:
+    """A jailed echo program on the channel (stdin and stdout, as the desktop controller speaks)."""
+    spec = JailSpec(argv=(sys.executable, "-I", "-c", ECHO), env={"PATH": "/usr/bin:/bin"}, uid=uid,
+                    ro_paths=RUNTIME)  # fmt: skip
+
+    def spawn(child: tuple[int, int], stderr: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(spec.command(MODE), stdin=child[0], stdout=child[1], stderr=stderr,
+                                start_new_session=True)  # fmt: skip
+
+    uid_seen = uid if MODE == "namespaces+uid" else None
+    return JailedProcess.start(spawn, mode=MODE, uid=uid_seen, stderr_path=tmp_path / "echo.stderr")
+
+
+def _read_line(channel: JailedProcess, timeout_s: float) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = channel.read(1 << 16, deadline=deadline)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_the_channel_talks_to_a_jail_with_deadlines_and_ends_it(tmp_path: Path, uid: int) -> None:
+    channel = _start_echo(tmp_path, uid)
+    try:
+        channel.send(b"ping\n", deadline=time.monotonic() + 10)
+        assert _read_line(channel, 30) == b"ping\n"
+        assert channel.stderr_tail(100) == "echo started\n"
+        tree = channel.descendants()
+        assert tree[0] == channel.process.pid
+        assert len(tree) >= 2, "unshare and the jail's program"
+        if MODE == "namespaces+uid":
+            assert channel.signal(signal.SIGCONT) >= 1
+        channel.send(b"quiet\n")
+        started = time.monotonic()
+        with pytest.raises(ChannelTimeoutError, match="deadline passed"):
+            channel.read(10, deadline=time.monotonic() + 0.3)
+        assert 0.25 <= time.monotonic() - started < 5
+    finally:
+        channel.kill(grace_s=2)
+    assert channel.poll() is not None
+    assert all(not Path(f"/proc/{pid}").exists() for pid in tree)
+    if MODE == "namespaces+uid":
+        assert kill_uid(uid) == 0, "a process of the jail's uid outlived kill"
+
+
+def test_the_channel_on_the_event_loop(tmp_path: Path, uid: int) -> None:
+    async def talk() -> tuple[bytes, bytes]:
+        channel = _start_echo(tmp_path, uid)
+        try:
+            big = (
+                b"x" * (1 << 20) + b"\n"
+            )  # larger than a pipe's buffer: the send waits on the loop
+            sending = asyncio.ensure_future(channel.send_async(big, deadline=time.monotonic() + 30))
+            received = b""
+            while not received.endswith(b"\n"):
+                received += await channel.read_async(1 << 20, deadline=time.monotonic() + 30)
+            await sending
+            await channel.send_async(b"quiet\n", deadline=time.monotonic() + 10)
+            with pytest.raises(ChannelTimeoutError):
+                await channel.read_async(10, deadline=time.monotonic() + 0.3)
+            await channel.send_async(b"last\n", deadline=time.monotonic() + 10)
+            last = await channel.read_async(100, deadline=time.monotonic() + 30)
+        finally:
+            await channel.kill_async(grace_s=2)
+        assert channel.poll() is not None
+        return received, last
+
+    received, last = asyncio.run(talk())
+    assert received == b"x" * (1 << 20) + b"\n"
+    assert last == b"last\n"
+
+
+def test_a_closed_channel_says_so(tmp_path: Path, uid: int) -> None:
+    channel = _start_echo(tmp_path, uid)
+    try:
+        channel.send(b"ping\n")
+        assert _read_line(channel, 30) == b"ping\n"
+        for pid in reversed(channel.descendants()[1:]):
+            os.kill(pid, signal.SIGKILL)
+        channel.process.wait(timeout=30)
+        assert channel.read(10, deadline=time.monotonic() + 10) == b""
+        with pytest.raises(ChannelClosedError, match="Broken pipe"):
+            channel.send(b"x" * (1 << 20))
+    finally:
+        channel.kill(grace_s=2)

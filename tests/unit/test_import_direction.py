@@ -2,7 +2,8 @@
 
 The allowed direction (docs/architecture.md): shared modules (the package root,
 `errors`, `_settings`) import no component; `kvcache` and `agent` import only shared
-modules; `sandbox` imports none; `environments` may use `agent` and `sandbox`; `harness` uses `environments` and `agent`;
+modules; `sandbox` imports none, and of the shared modules only `errors` (its
+exception tree); `environments` may use `agent` and `sandbox`; `harness` uses `environments` and `agent`;
 `serving` and `telemetry` may use `kvcache`; `cli` uses everything.
 
 Two more rules: a private module (``_name``) is imported only from inside its
@@ -136,3 +137,27 @@ def test_harness_imports_no_environment() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert loaded.stdout.strip() == "False"
+
+
+def test_the_sandbox_imports_only_errors_and_its_jail_side_nothing() -> None:
+    """The sandbox -> errors edge, and nothing more: its modules import of agentinfra only
+    `agentinfra.errors` and each other; the files that run outside the package (the jail
+    builder, the fork server's zygote, loaded from their files) import nothing of agentinfra."""
+    wrong: list[str] = []
+    for path in sorted((SRC / "sandbox").glob("*.py")):
+        for line, target in _imports(path):
+            allowed = path.name not in ("_jail.py", "_zygote.py") and (
+                target == "agentinfra.errors" or target.startswith("agentinfra.sandbox")
+            )
+            if not allowed:
+                wrong.append(f"sandbox/{path.name}:{line} {target}")
+    assert not wrong, "the sandbox imports more than errors:\n" + "\n".join(wrong)
+    code = (
+        "import sys, agentinfra.sandbox; "
+        "print(sorted(m for m in sys.modules if m.startswith('agentinfra') "
+        "and not m.startswith('agentinfra.sandbox')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert loaded.stdout.strip() == "['agentinfra', 'agentinfra.errors']"

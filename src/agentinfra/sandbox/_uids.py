@@ -10,13 +10,11 @@ import signal
 import tempfile
 from pathlib import Path
 
-__all__ = ["UID_RANGE", "UidExhaustedError", "kill_uid", "reserve_uid"]
+from agentinfra.errors import UidExhaustedError
+
+__all__ = ["UID_RANGE", "kill_uid", "reserve_uid", "signal_uid"]
 
 UID_RANGE = (200_000, 260_000)
-
-
-class UidExhaustedError(RuntimeError):
-    """No free uid was found: too many jails at once on this machine."""
 
 
 def reserve_uid() -> tuple[int, int]:
@@ -51,13 +49,18 @@ def reserve_uid() -> tuple[int, int]:
     )
 
 
-def kill_uid(uid: int) -> int:
-    """SIGKILLs every process of ``uid``; returns how many were still there (zombies included)."""
-    left = 0
+def signal_uid(uid: int, sig: signal.Signals) -> int:
+    """Sends ``sig`` to every process of ``uid``; returns how many there were (zombies included)."""
+    found = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 if os.stat(f"/proc/{entry}").st_uid == uid:
-                    left += 1
-                    os.kill(int(entry), signal.SIGKILL)
-    return left
+                    found += 1
+                    os.kill(int(entry), sig)
+    return found
+
+
+def kill_uid(uid: int) -> int:
+    """SIGKILLs every process of ``uid``; returns how many were still there (zombies included)."""
+    return signal_uid(uid, signal.SIGKILL)

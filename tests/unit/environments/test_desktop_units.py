@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -23,7 +24,9 @@ from agentinfra.environments.desktop import (
 from agentinfra.environments.desktop import _evaluate as evaluate
 from agentinfra.environments.desktop._a11y import HEADER, flatten_accessibility
 from agentinfra.environments.desktop._actions import check_gui_only, plan
+from agentinfra.environments.desktop._session import ControllerError, DesktopSession
 from agentinfra.errors import TaskEnvironmentError
+from agentinfra.sandbox import JailedProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
@@ -293,3 +296,90 @@ def test_desktop_run_options_are_checked_before_any_run(tmp_path: Path) -> None:
     assert desktop.returncode == 2
     assert "unknown observation 'smell'" in desktop.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+FAKE_CONTROLLER = """
+import json, sys, time
+for line in sys.stdin:
+    op = json.loads(line)["op"]
+    if op == "ping":
+        print(json.dumps({"ok": True, "op": op}), flush=True)
+    elif op == "slow":
+        time.sleep(30)
+    elif op == "two":
+        sys.stdout.write('{"a": 1}\\n{"b": 2}\\n')
+        sys.stdout.flush()
+    elif op == "junk":
+        print("not json", flush=True)
+    elif op == "list":
+        print("[1]", flush=True)
+    elif op == "big":
+        sys.stdout.write("x" * (65 << 20))
+        sys.stdout.flush()
+"""
+
+
+async def _fake_session(tmp_path: Path) -> DesktopSession:
+    """A session whose controller is a plain child speaking the same JSON lines (no jail, no display)."""
+    session = DesktopSession()
+
+    def spawn(child: tuple[int, int], stderr: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-I", "-c", FAKE_CONTROLLER], stdin=child[0],
+                                stdout=child[1], stderr=stderr, start_new_session=True)  # fmt: skip
+
+    session.channel = JailedProcess.start(
+        spawn, mode="none", uid=None, stderr_path=tmp_path / "controller.stderr"
+    )
+    return session
+
+
+def test_the_session_speaks_json_lines_on_the_event_loop(tmp_path: Path) -> None:
+    async def talk() -> tuple[list[Any], list[str], bool]:
+        async with await _fake_session(tmp_path) as session:
+            replies = [await session.request("ping") for _ in range(3)]
+            replies += await asyncio.gather(*(session.request("ping") for _ in range(4)))
+            errors = []
+            for op, timeout_s in (("two", 10.0), ("junk", 10.0), ("list", 10.0), ("slow", 0.3)):
+                with pytest.raises(ControllerError) as caught:
+                    await session.request(op, timeout_s=timeout_s)
+                errors.append(str(caught.value))
+            process = session.channel.process if session.channel else None
+        with pytest.raises(ControllerError) as after:
+            await session.request("ping")
+        errors.append(str(after.value))
+        return replies, errors, process is not None and process.poll() is not None
+
+    replies, errors, reaped = asyncio.run(talk())
+    assert replies == [{"ok": True, "op": "ping"}] * 7
+    assert errors == [
+        "desktop controller sent more than one reply to two: b'{\"b\": 2}\\n'",
+        "desktop controller sent a non-JSON reply to junk",
+        "desktop controller sent a non-object reply to list",
+        "desktop controller did not answer slow within 0 s",
+        "desktop is not running (request 'ping')",
+    ]
+    assert reaped
+
+
+def test_the_session_caps_a_reply_and_says_when_the_controller_ends(tmp_path: Path) -> None:
+    async def talk() -> list[str]:
+        errors = []
+        async with await _fake_session(tmp_path) as session:
+            with pytest.raises(ControllerError) as caught:
+                await session.request("big", timeout_s=60)
+            errors.append(str(caught.value))
+        async with await _fake_session(tmp_path) as session:
+            assert session.channel is not None
+            session.channel.process.kill()
+            session.channel.process.wait()
+            with pytest.raises(ControllerError) as caught:
+                await session.request("ping", timeout_s=10)
+            errors.append(str(caught.value))
+        return errors
+
+    errors = asyncio.run(talk())
+    assert errors[0] == f"desktop controller's reply to big exceeds {64 << 20} bytes"
+    assert errors[1] in (
+        "desktop controller is gone (ping): (no output)",
+        "desktop controller ended during ping: (no output)",
+    )

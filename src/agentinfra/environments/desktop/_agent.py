@@ -43,7 +43,6 @@ import re
 import signal
 import stat
 import tarfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -201,17 +200,17 @@ class DesktopAgent:
                 DesktopConfig(width=self.options.width, height=self.options.height)
             )
             self.session = session
-            await asyncio.to_thread(self._start, session)
+            await self._start(session)
         return self.session
 
-    def _start(self, session: DesktopSession) -> None:
-        session.start()
+    async def _start(self, session: DesktopSession) -> None:
+        await session.start()
         for step in self.task.config:
-            run_setup_step(session, step, self.mirror)
+            await run_setup_step(session, step, self.mirror)
         journalled = [ActionLog.entry(event) for event in self._action_log().events]
         if not journalled:
-            self._log({"setup": True, "files": self._file_states(session)})
-        self._replay(session, executed_actions(journalled))
+            self._log({"setup": True, "files": await asyncio.to_thread(self._file_states, session)})
+        await self._replay(session, executed_actions(journalled))
 
     def _file_states(self, session: DesktopSession) -> dict[str, str | None]:
         """The graded files as they are now: SHA-256 of each regular file, None where there is none.
@@ -237,20 +236,20 @@ class DesktopAgent:
                 states[path] = hashlib.file_digest(handle, "sha256").hexdigest()
         return states
 
-    def _replay(self, session: DesktopSession, entries: list[dict[str, Any]]) -> None:
+    async def _replay(self, session: DesktopSession, entries: list[dict[str, Any]]) -> None:
         """After a crash: the journalled actions again, in order, on the fresh desktop."""
         if not entries:
             return
         for entry in entries:
             if entry.get("code"):
-                session.request("code", code=entry["code"])
+                await session.request("code", code=entry["code"])
             if entry.get("wait_s"):
-                time.sleep(float(entry["wait_s"]))
-            time.sleep(0.2)
+                await asyncio.sleep(float(entry["wait_s"]))
+            await asyncio.sleep(0.2)
         self.steps = max(int(e.get("step", 0)) for e in entries)
         self._skip_next = max(0, len(entries) - self.hooks.completed_tool_calls(_ACTION_TOOLS))
         expected = entries[-1].get("a11y_sha")
-        now = self._a11y_sha(session)
+        now = await self._a11y_sha(session)
         if expected and now != expected:
             self.replay_mismatch = True
             (self.episode_dir / "replay_mismatch.json").write_text(json.dumps(
@@ -262,14 +261,14 @@ class DesktopAgent:
                 f"[resume] {len(entries)} journalled actions were replayed on a fresh desktop"
             )
 
-    def _tree(self, session: DesktopSession) -> str:
-        reply = session.request("accessibility", max_nodes=5000)
+    async def _tree(self, session: DesktopSession) -> str:
+        reply = await session.request("accessibility", max_nodes=5000)
         return str(reply.get("xml", "")) if reply.get("ok") else ""
 
-    def _a11y_sha(self, session: DesktopSession, xml: str | None = None) -> str:
+    async def _a11y_sha(self, session: DesktopSession, xml: str | None = None) -> str:
         """A hash of the accessibility table's roles, names and texts (no positions)."""
         table = flatten_accessibility(
-            self._tree(session) if xml is None else xml, max_tokens=50_000
+            await self._tree(session) if xml is None else xml, max_tokens=50_000
         )
         rows = [tuple(r.split("\t")[:3]) for r in table.splitlines()[1:]]
         return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
@@ -277,7 +276,7 @@ class DesktopAgent:
     async def close(self) -> None:
         session, self.session = self.session, None
         if session is not None:
-            await asyncio.to_thread(session.close)
+            await session.close()
             session.remove()
         if self._slot is not None:
             self._slot.release()
@@ -287,10 +286,20 @@ class DesktopAgent:
             actions.close()
 
     # -- observation -----------------------------------------------------------------
-    def _observe(self, session: DesktopSession, note: str, xml: str | None = None) -> ToolResult:
+    async def _observe(
+        self, session: DesktopSession, note: str, xml: str | None = None
+    ) -> ToolResult:
+        png, pointer = await session.screenshot()
+        if self.options.observation in ("a11y", "both") and xml is None:
+            xml = await self._tree(session)
+        return await asyncio.to_thread(self._render, png, pointer, note, xml)
+
+    def _render(
+        self, png: bytes, pointer: tuple[int, int], note: str, xml: str | None
+    ) -> ToolResult:
+        """The observation's parts: the screenshot downscaled (CPU work: run in a thread), the table."""
         from PIL import Image
 
-        png, pointer = session.screenshot()
         width = self.options.screenshot_width
         image = Image.open(io.BytesIO(png))
         height = round(image.height * width / image.width)
@@ -308,10 +317,9 @@ class DesktopAgent:
         lines.append(f"screen {self.options.width}x{self.options.height}; screenshot {width}x{height} "
                      f"(scale {scale:.4g}); pointer at screen {pointer[0]},{pointer[1]}; {mapping}")  # fmt: skip
         if self.options.observation in ("a11y", "both"):
-            xml = self._tree(session) if xml is None else xml
             lines.append(
                 "accessibility tree (screen coordinates):\n"
-                + flatten_accessibility(xml, max_tokens=self.options.a11y_tokens)
+                + flatten_accessibility(xml or "", max_tokens=self.options.a11y_tokens)
             )
         parts: list[TextPart | ImagePart] = [TextPart("\n".join(lines))]
         if self.options.observation in ("screenshot", "both"):
@@ -371,22 +379,22 @@ class DesktopAgent:
             raise ToolError(f"use the {step.end.lower()} tool to end the episode")
         if self._skip_next:  # its action ran before the crash and was replayed: not again
             self._skip_next -= 1
-            return await asyncio.to_thread(self._observe, session, self.replay_note)
+            return await self._observe(session, self.replay_note)
         self.executed += 1
         if step.code:
-            reply = await asyncio.to_thread(session.request, "code", code=step.code)
+            reply = await session.request("code", code=step.code)
             if not reply.get("ok") or reply.get("error"):
                 note = f"the action raised: {reply.get('error')}"
         if step.wait_s:
             await asyncio.sleep(step.wait_s)
-        xml = await asyncio.to_thread(self._tree, session)
-        a11y_sha = self._a11y_sha(session, xml)
+        xml = await self._tree(session)
+        a11y_sha = await self._a11y_sha(session, xml)
         files = await asyncio.to_thread(self._file_states, session)
         await asyncio.to_thread(self._log, {"action": action, "code": step.code, "wait_s": step.wait_s,
                                 "a11y_sha": a11y_sha, "files": files, **({"error": note} if note else {})})  # fmt: skip
         note = "\n".join(n for n in (self.replay_note, note) if n)
         self.replay_note = ""
-        return await asyncio.to_thread(self._observe, session, note, xml)
+        return await self._observe(session, note, xml)
 
     # -- submissions ---------------------------------------------------------------------
     def _episode_json(self, last_action: str | None, a11y: str | None) -> dict[str, Any]:
@@ -408,33 +416,37 @@ class DesktopAgent:
     def _needs_tree(self) -> bool:
         return any(s and s["type"] == "accessibility_tree" for s in self.task.specs("result"))
 
-    def _snapshot_live(self, session: DesktopSession) -> bytes:
+    async def _snapshot_live(self, session: DesktopSession) -> bytes:
         """The home as it is now: every process of the desktop stopped while it is copied."""
         a11y = None
         if self._needs_tree():
-            reply = session.request("accessibility", max_nodes=5000)
+            reply = await session.request("accessibility", max_nodes=5000)
             a11y = str(reply["xml"]) if reply.get("ok") else None
-        _signal_uid(session.uid, signal.SIGSTOP)
+        session.signal(signal.SIGSTOP)
         try:
-            target = snapshot_home(session.home, self.episode_dir / "submit-snapshot")
+            target = await asyncio.to_thread(
+                snapshot_home, session.home, self.episode_dir / "submit-snapshot"
+            )
         finally:
-            _signal_uid(session.uid, signal.SIGCONT)
-        return self._pack(target, self._episode_json(None, a11y))
+            session.signal(signal.SIGCONT)
+        return await asyncio.to_thread(self._pack, target, self._episode_json(None, a11y))
 
-    def _finish(self, session: DesktopSession, last_action: str) -> bytes:
+    async def _finish(self, session: DesktopSession, last_action: str) -> bytes:
         for step in self.task.postconfig:
-            run_setup_step(session, step, self.mirror)
+            await run_setup_step(session, step, self.mirror)
         a11y = None
         if self._needs_tree():
-            reply = session.request("accessibility", max_nodes=5000)
+            reply = await session.request("accessibility", max_nodes=5000)
             a11y = str(reply["xml"]) if reply.get("ok") else None
-        session.close()  # the freeze: nothing of the episode runs during the copy
-        target = snapshot_home(session.home, self.episode_dir / "final-snapshot")
-        return self._pack(target, self._episode_json(last_action, a11y))
+        await session.close()  # the freeze: nothing of the episode runs during the copy
+        target = await asyncio.to_thread(
+            snapshot_home, session.home, self.episode_dir / "final-snapshot"
+        )
+        return await asyncio.to_thread(self._pack, target, self._episode_json(last_action, a11y))
 
     async def submit(self) -> str:
         session = await self._desktop()
-        data = await asyncio.to_thread(self._snapshot_live, session)
+        data = await self._snapshot_live(session)
         return await self.hooks.submit(
             Submission(data, name=f"state-step-{self.steps}.tar", media_type=EPISODE_MEDIA_TYPE)
         )
@@ -443,22 +455,12 @@ class DesktopAgent:
         session = await self._desktop()
         self.ended = True
         await asyncio.to_thread(self._log, {"action": last_action})
-        data = await asyncio.to_thread(self._finish, session, last_action)
+        data = await self._finish(session, last_action)
         receipt = await self.hooks.submit(
             Submission(data, name=f"final-{last_action.lower()}.tar", media_type=EPISODE_MEDIA_TYPE)
         )
         await self.close()
         return f"episode ended with {last_action}; {receipt}"
-
-
-def _signal_uid(uid: int, sig: signal.Signals) -> None:
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    os.kill(int(entry), sig)
-            except OSError:
-                continue
 
 
 _COMPUTER_USE = {

@@ -100,9 +100,9 @@ def run_scripted(
                               findings=[Finding(check="unsupported", severity="warn", message=supported.reason)])  # fmt: skip
     needs_tree = any(s and s["type"] == "accessibility_tree" for s in task.specs("result"))
     started = time.monotonic()
-    episode = run_episode(task, actions, action_space=action_space, track=track, episode_dir=episode_dir,
-                          mirror=mirror, config=config, accessibility=accessibility,
-                          needs_accessibility_tree=needs_tree)  # fmt: skip
+    episode = asyncio.run(run_episode(task, actions, action_space=action_space, track=track, episode_dir=episode_dir,
+                                      mirror=mirror, config=config, accessibility=accessibility,
+                                      needs_accessibility_tree=needs_tree))  # fmt: skip
     graded = time.monotonic()
     config = config or DesktopConfig()
     verdict = grade_episode(task, episode, mirror, provenance={
@@ -149,8 +149,8 @@ def audit_task(
         return AuditRow(
             task.id, str(task.path), None, None, None, True, (f"unsupported: {supported.reason}",)
         )
-    idle = run_episode(task, ["FAIL"], action_space="computer_13", track="gui-only", episode_dir=workdir / "idle",
-                       mirror=mirror, config=config, accessibility=False)  # fmt: skip
+    idle = asyncio.run(run_episode(task, ["FAIL"], action_space="computer_13", track="gui-only",
+                                   episode_dir=workdir / "idle", mirror=mirror, config=config, accessibility=False))  # fmt: skip
     fail_score = grade_episode(task, idle, mirror).score
     idle.last_action = None
     do_nothing = grade_episode(task, idle, mirror)

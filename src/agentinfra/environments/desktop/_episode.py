@@ -5,11 +5,14 @@ one screenshot and accessibility tree per action after it, ``actions.jsonl``
 (each action, what it became, its error if refused, timings), and
 ``snapshot/`` (the frozen home the grader reads). Setup and postconfig steps run
 inside the desktop, as the desktop user, through its controller: the host never
-writes into the home the agent controls.
+writes into the home the agent controls. Episodes are coroutines on the event
+loop (the session's requests wait on its pipes there); the home's copy runs in a
+worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -69,7 +72,9 @@ class EpisodeResult:
     timings: dict[str, list[float]] = field(default_factory=dict)
 
 
-def run_setup_step(session: DesktopSession, step: dict[str, Any], mirror: Path | None) -> None:
+async def run_setup_step(
+    session: DesktopSession, step: dict[str, Any], mirror: Path | None
+) -> None:
     """Runs one setup/postconfig step; raises `TaskEnvironmentError` when it cannot."""
     kind, params = step["type"], dict(step.get("parameters") or {})
     width, height = session.config.width, session.config.height
@@ -91,11 +96,11 @@ def run_setup_step(session: DesktopSession, step: dict[str, Any], mirror: Path |
                 raise TaskEnvironmentError(
                     f"{url} is not in the mirror {mirror} (expected {source.name})"
                 )
-            reply = session.write_file(path, source.read_bytes())
+            reply = await session.write_file(path, source.read_bytes())
             if not reply.get("ok"):
                 raise TaskEnvironmentError(f"download to {path} failed: {reply.get('error')}")
     elif kind == "launch":
-        session.request(
+        await session.request(
             "launch", command=fill(params["command"]), shell=bool(params.get("shell")), wait_s=15
         )
     elif kind == "open":
@@ -106,25 +111,25 @@ def run_setup_step(session: DesktopSession, step: dict[str, Any], mirror: Path |
             if suffix in _OFFICE
             else ["mousepad", path]
         )
-        session.request("launch", command=command, wait_s=20, timeout_s=40)
+        await session.request("launch", command=command, wait_s=20, timeout_s=40)
     elif kind in ("execute", "command"):
-        session.request("execute", command=fill(params["command"]), shell=bool(params.get("shell")),
+        await session.request("execute", command=fill(params["command"]), shell=bool(params.get("shell")),
                         timeout=float(params.get("timeout", 60)), timeout_s=float(params.get("timeout", 60)) + 10)  # fmt: skip
     elif kind == "sleep":
-        time.sleep(min(float(params.get("seconds", 1)), 60.0))
+        await asyncio.sleep(min(float(params.get("seconds", 1)), 60.0))
     elif kind in ("activate_window", "close_window"):
-        session.request("window", action="activate" if kind == "activate_window" else "close",
+        await session.request("window", action="activate" if kind == "activate_window" else "close",
                         name=str(params["window_name"]), strict=bool(params.get("strict")),
                         by_class=bool(params.get("by_class")))  # fmt: skip
     else:
         raise TaskEnvironmentError(f"setup step {kind!r} is not supported here")
 
 
-def observe(session: DesktopSession, *, accessibility: bool) -> Observation:
-    png, pointer = session.screenshot()
+async def observe(session: DesktopSession, *, accessibility: bool) -> Observation:
+    png, pointer = await session.screenshot()
     xml = None
     if accessibility:
-        reply = session.request("accessibility", max_nodes=5000)
+        reply = await session.request("accessibility", max_nodes=5000)
         xml = str(reply["xml"]) if reply.get("ok") else None
     return Observation(png, pointer, xml)
 
@@ -138,7 +143,7 @@ def _save(directory: Path, index: int, observation: Observation) -> None:
         )
 
 
-def run_episode(
+async def run_episode(
     task: DesktopTask,
     actions: list[Any],
     *,
@@ -155,13 +160,13 @@ def run_episode(
     result = EpisodeResult(task.id, action_space, track, episode_dir)
     log = (episode_dir / "actions.jsonl").open("w")
     started = time.monotonic()
-    with DesktopSession(config) as session:
+    async with DesktopSession(config) as session:
         try:
-            session.start()
+            await session.start()
             for setup in task.config:
-                run_setup_step(session, setup, mirror)
+                await run_setup_step(session, setup, mirror)
             result.setup_s = time.monotonic() - started
-            _save(episode_dir, 0, observe(session, accessibility=accessibility))
+            _save(episode_dir, 0, await observe(session, accessibility=accessibility))
             result.first_observation_s = time.monotonic() - started
             width, height = session.config.width, session.config.height
             for index, action in enumerate(actions, start=1):
@@ -183,13 +188,13 @@ def run_episode(
                     result.last_action = None
                     if step.code:
                         entry["code"] = step.code
-                        reply = session.request("code", code=step.code)
+                        reply = await session.request("code", code=step.code)
                         if not reply.get("ok") or reply.get("error"):
                             entry["error"] = str(reply.get("error"))[:2000]
                     if step.wait_s:
-                        time.sleep(step.wait_s)
+                        await asyncio.sleep(step.wait_s)
                 acted = time.monotonic()
-                observation = observe(session, accessibility=accessibility)
+                observation = await observe(session, accessibility=accessibility)
                 _save(episode_dir, index, observation)
                 entry["act_s"] = round(acted - begun, 4)
                 entry["observe_s"] = round(time.monotonic() - acted, 4)
@@ -198,16 +203,19 @@ def run_episode(
                 )
                 log.write(json.dumps(entry) + "\n")
             for step_spec in task.postconfig:
-                run_setup_step(session, step_spec, mirror)
+                await run_setup_step(session, step_spec, mirror)
             if needs_accessibility_tree:
-                reply = session.request("accessibility", max_nodes=5000)
+                reply = await session.request("accessibility", max_nodes=5000)
                 result.accessibility_xml = str(reply["xml"]) if reply.get("ok") else None
         except ControllerError as exc:
             result.crashed = str(exc)
         finally:
             log.close()
-            session.close()  # the freeze: every process of the episode is gone before the copy
-            result.snapshot = snapshot_home(session.home, episode_dir / "snapshot")
+            # The freeze: every process of the episode is gone before the copy.
+            await session.close()
+            result.snapshot = await asyncio.to_thread(
+                snapshot_home, session.home, episode_dir / "snapshot"
+            )
     return result
 
 

@@ -4,8 +4,11 @@
 (owned by that uid), and starts the controller (`_controller.py`) in a jail built
 from `agentinfra.sandbox.JailSpec`: the system's ``/usr`` and a few ``/etc``
 entries read-only, the home writable at ``/home/user``, a private ``/tmp``,
-pid, mount and network namespaces, resource limits. Requests go to the
-controller as JSON lines; replies are size-capped and treated as untrusted.
+pid, mount and network namespaces, resource limits. The controller runs on the
+sandbox's one channel (`agentinfra.sandbox.JailedProcess`, its stdin and stdout
+the channel's pipes, its stderr a file in the workspace). Requests go to it as
+JSON lines, one at a time, on the event loop (no thread per request); replies
+are size-capped and treated as untrusted.
 
 `close` kills the jail (every process of the pid namespace dies with its pid 1),
 sweeps the uid, and releases it; `snapshot_home` copies the home after that,
@@ -14,11 +17,10 @@ when nothing of the episode can still write to it.
 
 from __future__ import annotations
 
+import asyncio
 import base64
-import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -32,6 +34,9 @@ from typing import Any
 from agentinfra._settings import desktop_python_path
 from agentinfra.errors import TaskEnvironmentError
 from agentinfra.sandbox import (
+    ChannelClosedError,
+    ChannelTimeoutError,
+    JailedProcess,
     JailLimits,
     JailSpec,
     UidExhaustedError,
@@ -45,6 +50,9 @@ __all__ = ["DESKTOP_PACKAGES", "DesktopConfig", "DesktopSession", "desktop_pytho
 HOME = "/home/user"
 _CONTROLLER = Path(__file__).resolve().parent / "_controller.py"
 _MAX_REPLY = 64 << 20
+_GRACE_S = 5.0
+"""How long the jail's ``unshare`` gets to reap the controller (the jail's pid 1) at `close`."""
+_SWEEP_S = 10.0
 DESKTOP_PACKAGES = (
     "xvfb", "openbox", "dbus", "at-spi2-core", "python3-pyatspi", "python3-tk", "python3-venv",
     "xdotool", "wmctrl", "libreoffice-calc", "libreoffice-writer", "libreoffice-impress",
@@ -151,7 +159,7 @@ class ControllerError(TaskEnvironmentError):
 
 
 class DesktopSession:
-    """One desktop: `start`, `request`\\ s, then `close` (also on error, via ``with``)."""
+    """One desktop: `start`, `request`\\ s, then `close` (also on error, via ``async with``)."""
 
     def __init__(self, config: DesktopConfig | None = None) -> None:
         self.config = config or DesktopConfig()
@@ -159,37 +167,50 @@ class DesktopSession:
         self.home = self.workspace / "home"
         self.uid = -1
         self._lock = -1
-        self.process: subprocess.Popen[bytes] | None = None
+        self.channel: JailedProcess | None = None
+        self._turn = asyncio.Lock()
         self.started_s = 0.0
         self.last_screenshot_s = 0.0
         self.closed = False
 
-    def __enter__(self) -> DesktopSession:
+    async def __aenter__(self) -> DesktopSession:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
         self.remove()
 
     # -- start -----------------------------------------------------------------
-    def start(self) -> None:
-        check_prerequisites()
+    async def start(self) -> None:
+        """Starts the desktop: its uid, home and jail (in a worker thread: they touch the disk and
+        ``/proc``), then the controller's ``start`` request on the loop."""
+        await asyncio.to_thread(check_prerequisites)
         started = time.monotonic()
+        await asyncio.to_thread(self._launch)
+        await self.request(
+            "start", width=self.config.width, height=self.config.height, timeout_s=30
+        )
+        self.started_s = time.monotonic() - started
+
+    def _launch(self) -> None:
         try:
             self.uid, self._lock = reserve_uid()
         except UidExhaustedError as exc:
             raise TaskEnvironmentError(f"{exc}; run fewer desktops at once (--desktops)") from exc
         self._make_home()
-        spec = self._jail()
-        self.process = subprocess.Popen(
-            spec.command("namespaces+uid"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        command = self._jail().command("namespaces+uid")
+
+        def spawn(child: tuple[int, int], stderr: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                command, stdin=child[0], stdout=child[1], stderr=stderr, start_new_session=True
+            )
+
+        self.channel = JailedProcess.start(
+            spawn,
+            mode="namespaces+uid",
+            uid=self.uid,
+            stderr_path=self.workspace / "controller.stderr",
         )
-        self.request("start", width=self.config.width, height=self.config.height, timeout_s=30)
-        self.started_s = time.monotonic() - started
 
     def _make_home(self) -> None:
         self.workspace.chmod(0o711)
@@ -239,18 +260,29 @@ class DesktopSession:
         )  # fmt: skip
 
     # -- requests --------------------------------------------------------------
-    def request(self, op: str, *, timeout_s: float | None = None, **fields: Any) -> dict[str, Any]:
+    async def request(
+        self, op: str, *, timeout_s: float | None = None, **fields: Any
+    ) -> dict[str, Any]:
         """Sends one request and returns the reply; `ControllerError` when there is none."""
-        process = self.process
-        if process is None or self.closed or process.stdin is None or process.stdout is None:
+        channel = self.channel
+        if channel is None or self.closed:
             raise ControllerError(f"desktop is not running (request {op!r})")
         timeout = self.config.request_timeout_s if timeout_s is None else timeout_s
-        try:
-            process.stdin.write(json.dumps({"op": op, **fields}).encode() + b"\n")
-            process.stdin.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise ControllerError(f"desktop controller is gone ({op}): {self._stderr()}") from exc
-        line = self._read_line(process.stdout.fileno(), timeout, op)
+        async with self._turn:  # one request on the pipes at a time
+            try:
+                await channel.send_async(
+                    json.dumps({"op": op, **fields}).encode() + b"\n",
+                    deadline=time.monotonic() + timeout,
+                )
+            except ChannelClosedError as exc:
+                raise ControllerError(
+                    f"desktop controller is gone ({op}): {self._stderr()}"
+                ) from exc
+            except ChannelTimeoutError as exc:
+                raise ControllerError(
+                    f"desktop controller did not answer {op} within {timeout:.0f} s"
+                ) from exc
+            line = await self._read_line(channel, timeout, op)
         try:
             reply = json.loads(line)
         except ValueError as exc:
@@ -259,20 +291,17 @@ class DesktopSession:
             raise ControllerError(f"desktop controller sent a non-object reply to {op}")
         return reply
 
-    def _read_line(self, fd: int, timeout: float, op: str) -> bytes:
+    async def _read_line(self, channel: JailedProcess, timeout: float, op: str) -> bytes:
         deadline = time.monotonic() + timeout
         chunks: list[bytes] = []
         size = 0
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            try:
+                chunk = await channel.read_async(1 << 20, deadline=deadline)
+            except ChannelTimeoutError:
                 raise ControllerError(
                     f"desktop controller did not answer {op} within {timeout:.0f} s"
-                )
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 20)
+                ) from None
             if not chunk:
                 raise ControllerError(f"desktop controller ended during {op}: {self._stderr()}")
             newline = chunk.find(b"\n")
@@ -291,22 +320,18 @@ class DesktopSession:
                 )
 
     def _stderr(self) -> str:
-        process = self.process
-        if process is None or process.stderr is None or process.poll() is None:
+        channel = self.channel
+        if channel is None or channel.poll() is None:
             return "(still running)"
-        with contextlib.suppress(OSError):
-            return (
-                process.stderr.read(4000).decode(errors="replace").strip()[-2000:] or "(no output)"
-            )
-        return "(no output)"
+        return channel.stderr_tail(4000).strip()[-2000:] or "(no output)"
 
-    def write_file(self, path: str, data: bytes) -> dict[str, Any]:
+    async def write_file(self, path: str, data: bytes) -> dict[str, Any]:
         """Writes ``data`` at ``path`` as the desktop user (never through a host path the agent controls)."""
-        return self.request("write_file", path=path, data=base64.b64encode(data).decode())
+        return await self.request("write_file", path=path, data=base64.b64encode(data).decode())
 
-    def screenshot(self) -> tuple[bytes, tuple[int, int]]:
+    async def screenshot(self) -> tuple[bytes, tuple[int, int]]:
         started = time.monotonic()
-        reply = self.request("screenshot")
+        reply = await self.request("screenshot")
         self.last_screenshot_s = time.monotonic() - started
         if not reply.get("ok"):
             raise ControllerError(f"screenshot failed: {reply.get('error')}")
@@ -316,52 +341,25 @@ class DesktopSession:
         x, y = reply.get("pointer", [0, 0])
         return png, (int(x), int(y))
 
+    def signal(self, sig: signal.Signals) -> int:
+        """Sends ``sig`` to every process of the desktop (its uid); returns how many there were."""
+        return self.channel.signal(sig) if self.channel is not None else 0
+
     # -- end -------------------------------------------------------------------
-    def close(self) -> None:
+    async def close(self) -> None:
         """Kills every process of the desktop and releases its uid (idempotent)."""
         if self.closed:
             return
         self.closed = True
-        process = self.process
-        if process is not None:
-            for stream in (process.stdin,):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-            # Kill the jail's pid 1 (the pid namespace dies with it) and let ``unshare``
-            # reap it: killing ``unshare`` first would leave that zombie to the
-            # machine's init, which may reap it slowly, and the uid sweep waits for it.
-            for child in _children(process.pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(child, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
-            for stream in (process.stdout, process.stderr):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-        if self.uid >= 0:
-            deadline = time.monotonic() + 10
+        if self.channel is not None:
+            await self.channel.kill_async(grace_s=_GRACE_S)
+        elif self.uid >= 0:
+            deadline = time.monotonic() + _SWEEP_S
             while kill_uid(self.uid) and time.monotonic() < deadline:
-                time.sleep(0.01)
+                await asyncio.sleep(0.01)
         if self._lock >= 0:
             os.close(self._lock)
             self._lock = -1
 
     def remove(self) -> None:
         shutil.rmtree(self.workspace, ignore_errors=True)
-
-
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                found += [
-                    int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-                ]
-    return found

@@ -4,7 +4,7 @@ Threat model. The submission is an attacker that knows this code.
 
 Covered:
 - It never runs in the supervisor: it runs in a fresh candidate process (per
-  submission) inside the sandbox of `_sandbox` (namespaces, an unprivileged uid
+  submission) inside the sandbox of `_workers` (namespaces, an unprivileged uid
   drawn from the OS's randomness and reserved by flock for the grading's life,
   so no two live gradings share one and the uid-wide cleanup reaches only this
   candidate; limits); the reference runs in its own worker process, in the same
@@ -171,16 +171,6 @@ import numpy as np
 
 from agentinfra._settings import format_size
 from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_meta
-from agentinfra.environments.kernels._sandbox import (
-    MAX_REPLY_BYTES,
-    CpuSample,
-    ForkServerError,
-    SandboxLimits,
-    WorkerDiedError,
-    WorkerProcess,
-    WorkerTimeoutError,
-    worker_fork_server,
-)
 from agentinfra.environments.kernels._settings import KernelSettings
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
@@ -192,6 +182,16 @@ from agentinfra.environments.kernels._verdict import (
     Verdict,
 )
 from agentinfra.environments.kernels._wire import Frame, TensorBytes, digest
+from agentinfra.environments.kernels._workers import (
+    MAX_REPLY_BYTES,
+    CpuSample,
+    ForkServerError,
+    SandboxLimits,
+    WorkerDiedError,
+    WorkerProcess,
+    WorkerTimeoutError,
+    worker_fork_server,
+)
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 from agentinfra.sandbox import ForkServer, UidExhaustedError, probe_sandbox_mode, reserve_uid
 

@@ -1,4 +1,9 @@
-"""Starting, talking to and killing worker processes (reference and candidate).
+"""The worker client: starting, talking to and killing worker processes (reference and candidate).
+
+Each worker is an `agentinfra.sandbox.JailedProcess` (the one channel to a jailed
+process: its pipes, deadlines, stderr, process tree and end); this module adds
+the worker's jail, its framing (`_wire` frames over the channel) and its
+measurements (CPU time, peak address space of its process tree).
 
 Sandbox modes, strongest first (`agentinfra.sandbox.probe_sandbox_mode` picks):
 
@@ -34,14 +39,13 @@ import atexit
 import contextlib
 import os
 import platform
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,13 +58,15 @@ from agentinfra.environments.kernels._wire import (
     read_frame,
 )
 from agentinfra.sandbox import (
+    ChannelClosedError,
+    ChannelTimeoutError,
     ForkedProcess,
     ForkServer,
     ForkServerError,
+    JailedProcess,
     JailLimits,
     JailSpec,
     SandboxMode,
-    kill_uid,
     probe_sandbox_mode,
     python_runtime_paths,
     system_library_paths,
@@ -91,23 +97,6 @@ class WorkerDiedError(Exception):
     def __init__(self, message: str, returncode: int | None) -> None:
         super().__init__(message)
         self.returncode = returncode
-
-
-class _DeadlineReader:
-    """File-like ``read(n)`` over a pipe fd that raises `WorkerTimeoutError` past a deadline."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.deadline = float("inf")
-
-    def read(self, count: int) -> bytes:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise WorkerTimeoutError("deadline passed")
-        ready, _, _ = select.select([self.fd], [], [], None if left == float("inf") else left)
-        if not ready:
-            raise WorkerTimeoutError("deadline passed")
-        return os.read(self.fd, min(count, 1 << 22))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -244,21 +233,24 @@ def _close_fork_servers() -> None:
 class WorkerProcess:
     """One worker, reference or candidate, driven with blocking frames and deadlines."""
 
-    def __init__(
-        self,
-        process: subprocess.Popen[bytes] | ForkedProcess,
-        to_worker: int,
-        from_worker: int,
-        mode: SandboxMode,
-        uid: int | None,
-        stderr_path: Path,
-    ) -> None:
-        self.process = process
-        self._to = to_worker
-        self._reader = _DeadlineReader(from_worker)
-        self.mode = mode
-        self.uid = uid
-        self.stderr_path = stderr_path
+    def __init__(self, channel: JailedProcess) -> None:
+        self.channel = channel
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | ForkedProcess:
+        return self.channel.process
+
+    @property
+    def mode(self) -> SandboxMode:
+        return self.channel.mode
+
+    @property
+    def uid(self) -> int | None:
+        return self.channel.uid
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.channel.stderr_path
 
     @classmethod
     def start(
@@ -286,62 +278,42 @@ class WorkerProcess:
         Raises:
             ForkServerError: ``fork_server`` could not start the worker.
         """
-        to_read, to_write = os.pipe()
-        from_read, from_write = os.pipe()
-        passed = (to_read, from_write) if fd_socket is None else (to_read, from_write, fd_socket)
-        fds = tuple(str(fd) for fd in passed)
         probed = probe_sandbox_mode()
         jailed = probed in ("namespaces+uid", "userns")
         mode: SandboxMode = probed if jailed or role == "candidate" else "none"
-        stderr_path = workdir / f"{role}.stderr"
         env = _scrubbed_env(limits.threads, JAILED_WORKDIR if jailed else str(workdir))
-        preexec = None
-        if jailed:
-            jail = worker_jail(
-                argv_tail=fds, env=env, uid=uid if uid is not None else 0, program=program,
-                limits=limits if role == "candidate" else None, cpus=limits.cpus, device=device,
-            )  # fmt: skip
-            command = jail.command(mode)
-        else:
+        if not jailed:
             shutil.copyfile(program, workdir / program.name)
-            command = [sys.executable, "-I", "-m", _WORKER_MODULE, *fds]
-            preexec = (
-                _rlimits_preexec(limits) if role == "candidate" else _affinity_preexec(limits.cpus)
-            )
-            env = (
-                {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-                if role == "reference"
-                else env
-            )
-        process: subprocess.Popen[bytes] | ForkedProcess
-        try:
-            with open(stderr_path, "wb") as stderr:
-                if jailed and fork_server is not None:
-                    process = fork_server.spawn(
-                        config=jail.config(mode), mode=mode, fds=passed, stderr_fd=stderr.fileno()
+
+        def spawn(child: tuple[int, int], stderr: int) -> subprocess.Popen[bytes] | ForkedProcess:
+            passed = child if fd_socket is None else (*child, fd_socket)
+            fds = tuple(str(fd) for fd in passed)
+            if jailed:
+                jail = worker_jail(
+                    argv_tail=fds, env=env, uid=uid if uid is not None else 0, program=program,
+                    limits=limits if role == "candidate" else None, cpus=limits.cpus, device=device,
+                )  # fmt: skip
+                if fork_server is not None:
+                    return fork_server.spawn(
+                        config=jail.config(mode), mode=mode, fds=passed, stderr_fd=stderr
                     )
-                else:
-                    process = subprocess.Popen(
-                        command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr,
-                        pass_fds=passed, cwd=str(workdir), env=env, preexec_fn=preexec,
-                        start_new_session=True,
-                    )  # fmt: skip
-        except BaseException:
-            for fd in (to_write, from_read):
-                os.close(fd)
-            raise
-        finally:
-            os.close(to_read)
-            os.close(from_write)
-        return cls(process, to_write, from_read, mode, uid, stderr_path)
+                return _popen(jail.command(mode), passed, stderr, workdir, env, None)
+            command = [sys.executable, "-I", "-m", _WORKER_MODULE, *fds]
+            if role == "candidate":
+                return _popen(command, passed, stderr, workdir, env, _rlimits_preexec(limits))
+            env_path = {**env, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            return _popen(
+                command, passed, stderr, workdir, env_path, _affinity_preexec(limits.cpus)
+            )
+
+        channel = JailedProcess.start(
+            spawn, mode=mode, uid=uid, stderr_path=workdir / f"{role}.stderr"
+        )
+        return cls(channel)
 
     def program_path(self, program: Path) -> str:
         """Where the worker finds ``program`` (``/tmp/work/NAME`` inside a jail, else its workdir)."""
-        folder = (
-            JAILED_WORKDIR
-            if self.mode in ("namespaces+uid", "userns")
-            else str(self.stderr_path.parent)
-        )
+        folder = JAILED_WORKDIR if self.channel.is_jailed else str(self.stderr_path.parent)
         return f"{folder}/{program.name}"
 
     def request(
@@ -361,35 +333,30 @@ class WorkerProcess:
         return self.receive(timeout_s=timeout_s)
 
     def send(self, header: dict[str, object], tensors: list[TensorBytes] | None = None) -> None:
-        data = memoryview(encode_frame(header, tensors))
         try:
-            while data:
-                written = os.write(self._to, data[: 1 << 22])
-                data = data[written:]
-        except (BrokenPipeError, OSError) as exc:
+            self.channel.send(encode_frame(header, tensors))
+        except ChannelClosedError as exc:
             raise WorkerDiedError(f"worker pipe closed ({exc})", self.process.poll()) from None
 
     def receive(self, *, timeout_s: float) -> Frame:
-        self._reader.deadline = time.monotonic() + timeout_s
+        reader = self.channel.reader(time.monotonic() + timeout_s)
         try:
-            return read_frame(self._reader, max_payload_bytes=MAX_REPLY_BYTES)  # type: ignore[arg-type]
+            return read_frame(reader, max_payload_bytes=MAX_REPLY_BYTES)  # type: ignore[arg-type]
+        except ChannelTimeoutError as exc:
+            raise WorkerTimeoutError(str(exc)) from None
         except WireError as exc:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=2)
             raise WorkerDiedError(str(exc), self.process.poll()) from None
 
     def stderr_tail(self, limit: int = 1500) -> str:
-        try:
-            data = self.stderr_path.read_bytes()
-        except OSError:
-            return ""
-        return data[-limit:].decode(errors="replace")
+        return self.channel.stderr_tail(limit)
 
     def cpu_sample(self) -> CpuSample:
         """The process tree's CPU time, two ways (see `CpuSample`)."""
         coarse = precise = 0.0
         threads: set[tuple[int, int]] = set()
-        for pid in _descendants(self.process.pid):
+        for pid in self.channel.descendants():
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 tids = os.listdir(f"/proc/{pid}/task")
@@ -408,7 +375,7 @@ class WorkerProcess:
     def peak_address_space(self) -> int | None:
         """The largest ``VmPeak`` (peak virtual memory, what ``RLIMIT_AS`` limits) in the process tree."""
         peaks = []
-        for pid in _descendants(self.process.pid):
+        for pid in self.channel.descendants():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmPeak:"):
@@ -416,32 +383,26 @@ class WorkerProcess:
         return max(peaks, default=None)
 
     def kill(self) -> None:
-        """Kills the worker and everything it started; reaps it.
+        """Kills the worker and everything it started; reaps it; sweeps its uid (`JailedProcess.kill`)."""
+        self.channel.kill(grace_s=_WORKER_GRACE_S)
 
-        In a jail the ``unshare`` parent is left alive until it has reaped the
-        jail's pid 1 and exited by itself: killing it too would orphan that
-        zombie to the machine's init, which may reap slowly (here about once a
-        second, which cost 1.7 s per worker), and the uid sweep below waits for it.
-        """
-        jailed = self.mode in ("namespaces+uid", "userns")
-        tree = _descendants(self.process.pid)
-        for pid in reversed(tree[1:] if jailed else tree):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=2 if jailed else 0)
-        if not jailed or self.process.poll() is None:  # the session: anything that left the tree
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
-        if self.uid is not None and self.mode == "namespaces+uid":
-            deadline = time.monotonic() + 10
-            while kill_uid(self.uid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        for fd in (self._to, self._reader.fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+
+_WORKER_GRACE_S = 2.0
+"""How long a worker jail's ``unshare`` gets to reap the jail's pid 1 before its session is killed."""
+
+
+def _popen(
+    command: list[str],
+    fds: tuple[int, ...],
+    stderr: int,
+    workdir: Path,
+    env: dict[str, str],
+    preexec: Callable[[], None] | None,
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, pass_fds=fds,
+        cwd=str(workdir), env=env, preexec_fn=preexec, start_new_session=True,
+    )  # fmt: skip
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -469,32 +430,14 @@ class CpuSample:
         return self.coarse_s - before.coarse_s, False
 
 
-def _descendants(root: int) -> list[int]:
-    found = [root]
-    index = 0
-    while index < len(found):
-        pid = found[index]
-        index += 1
-        try:
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):
-                    found.extend(
-                        int(c)
-                        for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
-                    )
-        except OSError:
-            continue
-    return found
-
-
-def _affinity_preexec(cpus: tuple[int, ...]):  # type: ignore[no-untyped-def]
+def _affinity_preexec(cpus: tuple[int, ...]) -> Callable[[], None]:
     def apply() -> None:
         os.sched_setaffinity(0, cpus)
 
     return apply
 
 
-def _rlimits_preexec(limits: SandboxLimits):  # type: ignore[no-untyped-def]
+def _rlimits_preexec(limits: SandboxLimits) -> Callable[[], None]:
     import resource
 
     def apply() -> None:
