@@ -32,8 +32,8 @@ def test_every_error_descends_from_the_root() -> None:
 
 def test_every_exported_exception_of_every_package_descends_from_the_root() -> None:
     exported = _exported_exceptions()
-    assert "agentinfra.sandbox.ForkServerError" in exported
-    assert "agentinfra.sandbox.UidExhaustedError" in exported
+    assert errors.ForkServerError in exported.values()
+    assert len({name.rsplit(".", 1)[0] for name in exported}) > 1, "the walk found only agentinfra.errors"
     outside = sorted(
         n for n, cls in exported.items() if not issubclass(cls, errors.AgentInfraError)
     )
@@ -54,10 +54,6 @@ def test_component_bases() -> None:
 
 
 def test_sandbox_errors_sit_under_sandbox_error() -> None:
-    from agentinfra import sandbox
-
-    assert sandbox.ForkServerError is errors.ForkServerError
-    assert sandbox.UidExhaustedError is errors.UidExhaustedError
     assert issubclass(errors.ForkServerError, errors.SandboxError)
     assert issubclass(errors.UidExhaustedError, errors.SandboxError)
     assert issubclass(errors.UidExhaustedError, RuntimeError)  # what it was before the tree held it

@@ -27,7 +27,6 @@ from agentinfra.agent._toolcalls import (
 )
 from agentinfra.agent._tools import Tool, tool_schemas, workspace_tools
 from agentinfra.agent._transcript import Transcript
-from agentinfra.errors import ToolError
 
 __all__ = [
     "AgentLoop",
@@ -46,7 +45,6 @@ __all__ = [
     "TextPart",
     "Tool",
     "ToolCall",
-    "ToolError",
     "ToolResult",
     "Transcript",
     "Usage",

@@ -54,12 +54,6 @@ What it does not protect against:
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
-from agentinfra.errors import (
-    ChannelClosedError,
-    ChannelTimeoutError,
-    ForkServerError,
-    UidExhaustedError,
-)
 from agentinfra.sandbox._channel import JailedProcess, process_tree
 from agentinfra.sandbox._forkserver import ForkedProcess, ForkServer
 from agentinfra.sandbox._spec import (
@@ -73,17 +67,13 @@ from agentinfra.sandbox._spec import (
 from agentinfra.sandbox._uids import UID_RANGE, kill_uid, reserve_uid, signal_uid
 
 __all__ = [
-    "ChannelClosedError",
-    "ChannelTimeoutError",
     "ForkServer",
-    "ForkServerError",
     "ForkedProcess",
     "JailLimits",
     "JailSpec",
     "JailedProcess",
     "SandboxMode",
     "UID_RANGE",
-    "UidExhaustedError",
     "kill_uid",
     "probe_sandbox_mode",
     "process_tree",

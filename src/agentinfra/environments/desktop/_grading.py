@@ -65,11 +65,10 @@ from typing import Any
 from agentinfra.environments import Finding, Outcome
 from agentinfra.environments.desktop._episode import EpisodeResult
 from agentinfra.environments.desktop._task import DesktopTask, mirror_path
-from agentinfra.errors import TaskEnvironmentError
+from agentinfra.errors import TaskEnvironmentError, UidExhaustedError
 from agentinfra.sandbox import (
     JailLimits,
     JailSpec,
-    UidExhaustedError,
     kill_uid,
     python_runtime_paths,
     reserve_uid,

@@ -32,14 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra._settings import desktop_python_path
-from agentinfra.errors import TaskEnvironmentError
-from agentinfra.sandbox import (
+from agentinfra.errors import (
     ChannelClosedError,
     ChannelTimeoutError,
+    TaskEnvironmentError,
+    UidExhaustedError,
+)
+from agentinfra.sandbox import (
     JailedProcess,
     JailLimits,
     JailSpec,
-    UidExhaustedError,
     kill_uid,
     probe_sandbox_mode,
     reserve_uid,

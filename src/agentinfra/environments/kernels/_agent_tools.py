@@ -18,8 +18,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from agentinfra.agent import Tool, ToolError, workspace_tools
+from agentinfra.agent import Tool, workspace_tools
 from agentinfra.environments import AgentHooks, Evaluation, Submission, Task
+from agentinfra.errors import ToolError
 
 __all__ = ["AGENT_VISIBLE_SEED", "KERNEL_SYSTEM_PROMPT", "kernel_task_prompt", "kernel_tools"]
 

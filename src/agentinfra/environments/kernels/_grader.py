@@ -192,8 +192,8 @@ from agentinfra.environments.kernels._workers import (
     WorkerTimeoutError,
     worker_fork_server,
 )
-from agentinfra.errors import ConfigError, TaskEnvironmentError
-from agentinfra.sandbox import ForkServer, UidExhaustedError, probe_sandbox_mode, reserve_uid
+from agentinfra.errors import ConfigError, TaskEnvironmentError, UidExhaustedError
+from agentinfra.sandbox import ForkServer, probe_sandbox_mode, reserve_uid
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 

@@ -57,12 +57,10 @@ from agentinfra.environments.kernels._wire import (
     encode_frame,
     read_frame,
 )
+from agentinfra.errors import ChannelClosedError, ChannelTimeoutError, ForkServerError
 from agentinfra.sandbox import (
-    ChannelClosedError,
-    ChannelTimeoutError,
     ForkedProcess,
     ForkServer,
-    ForkServerError,
     JailedProcess,
     JailLimits,
     JailSpec,
