@@ -134,7 +134,7 @@ problems load unchanged, and some are random or too large for the machine):
   ``timeout_s``, extended to three times the reference's time for the calls the
   grading makes (plus 30 s). The reference's time decides, never the candidate's.
 - A slow problem: when one reference call takes over 0.1 s the timing plan
-  shrinks to fit about ``_SLOW_TIMED_S`` of timed reference work (at least 6
+  shrinks to fit about ``_timing.SLOW_TIMED_S`` of timed reference work (at least 6
   pairs, or 3 where the 768 MiB input pool holds no more; one warm-up), and
   from the sixth pair on, after an even number of pairs, it stops once the speedup's
   95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
