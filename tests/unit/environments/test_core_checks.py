@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -362,50 +363,51 @@ def test_a_batch_file_is_a_sealed_copy_of_its_range(
         files.close()
 
 
-def test_a_pool_file_of_the_wrong_size_stops_grading() -> None:
+@pytest.fixture
+def pool() -> Iterator[tuple[TimingPool, list[socket.socket]]]:
+    """A timing pool with a fresh pool file, and the workers' ends of its descriptor sockets."""
     files = TimingPool()
     theirs = files.worker_sockets()
-    try:
-        files.create()
-        assert files.pool is not None
-        os.write(files.pool, b"x" * 100)
-        with pytest.raises(StopGradingError) as stopped:
-            files.seal_pool(99)
-        assert (stopped.value.outcome, stopped.value.error) == (
-            Outcome.GRADER_ERROR,
-            "pool file holds 100 bytes, not 99",
-        )
-    finally:
-        files.close()
-        for sock in theirs:
-            sock.close()
+    files.create()
+    yield files, theirs
+    files.close()
+    for sock in theirs:
+        sock.close()
 
 
-def test_each_side_is_sent_its_own_sealed_copy_of_a_staged_batch() -> None:
-    files = TimingPool()
-    theirs = files.worker_sockets()
-    try:
-        files.create()
-        assert files.pool is not None
-        data = os.urandom(5000)
-        os.write(files.pool, data)
-        files.seal_pool(len(data))
-        files.split([0, 3000], len(data), per_batch=4, size=6)
-        assert files.stage(1, CANDIDATE) == {
-            "op": "stage", "first": 4, "count": 2, "length": 2000, "base": 3000,
-        }  # fmt: skip
-        theirs[CANDIDATE].settimeout(5)
-        _, staged, _, _ = socket.recv_fds(theirs[CANDIDATE], 16, 4)
-        assert len(staged) == 1
-        fd = staged[0]
-        assert os.pread(fd, 5000, 0) == data[3000:]
-        with pytest.raises(PermissionError):
-            os.pwrite(fd, b"x", 0)
-        os.close(fd)
-    finally:
-        files.close()
-        for sock in theirs:
-            sock.close()
+def test_a_pool_file_of_the_wrong_size_stops_grading(
+    pool: tuple[TimingPool, list[socket.socket]],
+) -> None:
+    files, _ = pool
+    assert files.pool is not None
+    os.write(files.pool, b"x" * 100)
+    with pytest.raises(StopGradingError) as stopped:
+        files.seal_pool(99)
+    assert (stopped.value.outcome, stopped.value.error) == (
+        Outcome.GRADER_ERROR,
+        "pool file holds 100 bytes, not 99",
+    )
+
+
+def test_each_side_is_sent_its_own_sealed_copy_of_a_staged_batch(
+    pool: tuple[TimingPool, list[socket.socket]],
+) -> None:
+    files, theirs = pool
+    assert files.pool is not None
+    data = os.urandom(5000)
+    os.write(files.pool, data)
+    files.seal_pool(len(data))
+    files.split([0, 3000], len(data), per_batch=4, size=6)
+    assert files.stage(1, CANDIDATE) == {
+        "op": "stage", "first": 4, "count": 2, "length": 2000, "base": 3000,
+    }  # fmt: skip
+    theirs[CANDIDATE].settimeout(5)
+    _, staged, _, _ = socket.recv_fds(theirs[CANDIDATE], 16, 4)
+    assert len(staged) == 1
+    assert os.pread(staged[0], 5000, 0) == data[3000:]
+    with pytest.raises(PermissionError):
+        os.pwrite(staged[0], b"x", 0)
+    os.close(staged[0])
 
 
 @pytest.mark.parametrize("madvise", [True, False], ids=["MADV_POPULATE_READ", "one-byte-per-page"])

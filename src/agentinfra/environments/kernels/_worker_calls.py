@@ -96,11 +96,7 @@ class WorkerCalls:
         assert self.reference is not None
         timeout = max(60.0, self.timeout_s)
         try:
-            frame = (
-                self.reference.receive(timeout_s=timeout)
-                if receive_only
-                else self.reference.request(header, tensors, timeout_s=timeout)
-            )
+            frame = _exchange(self.reference, header, tensors, timeout, receive_only=receive_only)
         except WorkerTimeoutError:
             raise blame_problem(Refusal(
                 f"the reference took over {timeout:.0f} s for one {header.get('op')} request: the problem is too "
@@ -144,11 +140,7 @@ class WorkerCalls:
                 f"candidate exceeded its {self.timeout_s:.0f} s budget during {phase}",
             )
         try:
-            frame = (
-                self.candidate.receive(timeout_s=left)
-                if receive_only
-                else self.candidate.request(header, tensors, timeout_s=left)
-            )
+            frame = _exchange(self.candidate, header, tensors, left, receive_only=receive_only)
         except WorkerTimeoutError:
             raise StopGradingError(
                 Outcome.TIMEOUT,
@@ -191,6 +183,14 @@ class WorkerCalls:
                     worker.kill()
         while self._uid_locks:  # after the kill: the uids' processes are gone
             os.close(self._uid_locks.pop())
+
+
+def _exchange(worker: WorkerProcess, header: dict[str, Any], tensors: list[TensorBytes] | None,
+              timeout_s: float, *, receive_only: bool) -> Frame:  # fmt: skip
+    """``worker``'s next frame (``receive_only``: one it sends unasked), else its reply to ``header``."""
+    if receive_only:
+        return worker.receive(timeout_s=timeout_s)
+    return worker.request(header, tensors, timeout_s=timeout_s)
 
 
 def _fork_server(threads: int, device: str) -> ForkServer | None:
