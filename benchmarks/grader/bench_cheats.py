@@ -3,7 +3,9 @@
     python benchmarks/grader/bench_cheats.py [--smoke]
 
 Run it on two revisions to show that a change to the sandbox or the protocol
-leaves the corpus's outcomes as they were. Prints one JSON line per cheat.
+leaves the corpus's outcomes as they were. Prints one JSON line per cheat, with
+``as_expected``: whether its outcome and blocking checks are those the folder's
+``expected.json`` declares (None where the folder has none, or none for this cheat).
 """
 
 from __future__ import annotations
@@ -30,17 +32,26 @@ def main() -> None:
     )
     args = parser.parse_args()
     cheats = sorted(args.cheats.glob("*.py"))[: 2 if args.smoke else None]
+    declared = args.cheats / "expected.json"
+    expected = json.loads(declared.read_text())["cheats"] if declared.is_file() else {}
     options = GradeOptions(timeout_s=60, timing_pairs=6)
     for cheat in cheats:
         match = re.search(r"# problem: (\S+)", cheat.read_text())
         if match is None:
             sys.exit(f"bench_cheats: {cheat} names no problem (a '# problem: NAME' line)")
         start = time.perf_counter()
-        verdict = grade(PROBLEMS / f"{match.group(1)}.py", cheat, options)
-        print(json.dumps({
-            "cheat": cheat.stem, "outcome": verdict.outcome.value, "speedup": verdict.speedup,
+        problem = PROBLEMS / f"{match.group(1)}.py"
+        verdict = grade(
+            problem.read_bytes(), cheat.read_bytes(), options, problem_name=problem.name
+        )
+        got = {
+            "outcome": verdict.outcome.value,
             "blocking": sorted({f.check for f in verdict.blocking()}),
-            "wall_s": round(time.perf_counter() - start, 1),
+        }
+        print(json.dumps({
+            "cheat": cheat.stem, "outcome": got["outcome"], "speedup": verdict.speedup,
+            "blocking": got["blocking"], "wall_s": round(time.perf_counter() - start, 1),
+            "as_expected": got == expected[cheat.stem] if cheat.stem in expected else None,
         }), flush=True)  # fmt: skip
 
 

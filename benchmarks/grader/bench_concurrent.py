@@ -34,9 +34,10 @@ def one_round(problem: str, count: int) -> list[Verdict]:
     def run() -> None:
         barrier.wait()
         verdict = grade(
-            ROOT / "examples/kernels/problems" / f"{problem}.py",
-            ROOT / "examples/kernels/submissions" / f"{SUBMISSIONS[problem]}.py",
+            (ROOT / "examples/kernels/problems" / f"{problem}.py").read_bytes(),
+            (ROOT / "examples/kernels/submissions" / f"{SUBMISSIONS[problem]}.py").read_bytes(),
             GradeOptions(seed=0, timing_pairs=6),
+            problem_name=f"{problem}.py",
         )
         with lock:
             verdicts.append(verdict)

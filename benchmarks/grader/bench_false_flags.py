@@ -61,7 +61,12 @@ def main() -> None:
             selected = selected[:1]
         for label, problem, submission in selected:
             for attempt in range(repeats):
-                verdict = grade(problem, submission, options)
+                verdict = grade(
+                    problem.read_bytes(),
+                    submission.read_bytes(),
+                    options,
+                    problem_name=problem.name,
+                )
                 outcomes[verdict.outcome.value] += 1
                 cores = [f for f in verdict.findings if f.check == "threads_processes"]
                 line = {

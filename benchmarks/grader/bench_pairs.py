@@ -9,7 +9,7 @@ every timed pair's per-call seconds for the reference and the candidate, in the
 order timed (pairs alternate who goes first: even pairs the reference). Then, per
 problem, the spread of the grading speedups under a few estimators computed from
 the same pairs, which is how decision 0013 chose the per-pair median.
-It reads the pairs through a private hook of the grader (`_Grading._finish_timing`).
+It reads the pairs through a private hook of the grader (`_Grading.finish_timing`).
 """
 
 from __future__ import annotations
@@ -64,13 +64,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     captured: dict[str, list[float]] = {}
-    finish = _grader._Grading._finish_timing
+    finish = _grader._Grading.finish_timing
 
-    def capture(self: Any, ref: list[float], cand: list[float], *rest: Any) -> None:
-        captured.update(ref=list(ref), cand=list(cand))
-        finish(self, ref, cand, *rest)
+    def capture(self: Any, measured: Any, *rest: Any) -> None:
+        captured.update(ref=list(measured.ref_times), cand=list(measured.cand_times))
+        finish(self, measured, *rest)
 
-    _grader._Grading._finish_timing = capture  # type: ignore[method-assign]
+    _grader._Grading.finish_timing = capture  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as scratch:
         for pair in args.pairs:
             problem, _, submission = pair.partition(":")
@@ -83,7 +83,8 @@ def main() -> None:
             gradings = []
             for _ in range(args.repeats):
                 captured.clear()
-                verdict = grade(problem_path, submission_path, GradeOptions())
+                verdict = grade(problem_path.read_bytes(), submission_path.read_bytes(), GradeOptions(),
+                                problem_name=problem_path.name)  # fmt: skip
                 if verdict.speedup is None or not captured:
                     raise SystemExit(f"{pair}: {verdict.outcome.value}: {verdict.error}")
                 gradings.append(dict(captured))

@@ -121,7 +121,12 @@ def main() -> None:
         for _ in range(args.repeats):
             theirs.append(emulate(problem, submission))
             started = time.perf_counter()
-            verdict = grade(problem, submission, GradeOptions())
+            verdict = grade(
+                problem.read_bytes(),
+                submission.read_bytes(),
+                GradeOptions(),
+                problem_name=problem.name,
+            )
             ours.append({"wall_s": time.perf_counter() - started, "speedup": verdict.speedup,
                          "outcome": str(verdict.outcome)})  # fmt: skip
         row = {

@@ -119,7 +119,9 @@ def main() -> int:
             submission = Path(tmp) / f"{problem.parent.name}_{problem.stem}_identity.py"
             submission.write_text(problem.read_text() + "\n\nModelNew = Model\n")
             started = time.monotonic()
-            verdict = grade(problem, submission, options)
+            verdict = grade(
+                problem.read_bytes(), submission.read_bytes(), options, problem_name=name
+            )
             elapsed = time.monotonic() - started
             row = {
                 "problem": name, "input_mib": None if size is None else round(size / (1 << 20), 2),

@@ -24,11 +24,11 @@ from agentinfra.agent import (
     ScriptedModelServer,
     TextPart,
     Tool,
-    ToolError,
     Transcript,
     check_png,
     profile_for,
 )
+from agentinfra.errors import ToolError
 
 MODEL = "MiniMaxAI/MiniMax-M3"
 

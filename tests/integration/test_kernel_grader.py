@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from agentinfra.environments.kernels import (
     GradeOptions,
     KernelSettings,
     Outcome,
+    Verdict,
     grade,
     grade_async,
     probe_sandbox_mode,
@@ -54,6 +56,11 @@ HONEST = {
 }
 
 
+def grade_files(problem: Path, submission: Path, options: GradeOptions) -> Verdict:
+    """`grade` on two files' bytes, the problem named by its path (as `agentinfra grade` does)."""
+    return grade(problem.read_bytes(), submission.read_bytes(), options, problem_name=str(problem))
+
+
 def sandbox_uids() -> set[int]:
     uids = set()
     for entry in os.listdir("/proc"):
@@ -70,7 +77,7 @@ def sandbox_uids() -> set[int]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("submission", "problem"), sorted(HONEST.items()))
 def test_honest_submissions_pass(submission: str, problem: str) -> None:
-    verdict = grade(PROBLEMS / f"{problem}.py", SUBMISSIONS / f"{submission}.py", QUICK)
+    verdict = grade_files(PROBLEMS / f"{problem}.py", SUBMISSIONS / f"{submission}.py", QUICK)
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
     assert verdict.correct
     assert verdict.speedup is not None
@@ -89,10 +96,28 @@ def test_honest_submissions_pass(submission: str, problem: str) -> None:
         assert verdict.speedup < 5
 
 
+EXPECTED_CHEATS: dict[str, dict[str, Any]] = json.loads((CHEATS / "expected.json").read_text())[
+    "cheats"
+]
+"""Each cheat's outcome and blocking checks, from the last recorded corpus run (the file says which)."""
+
+
+def test_every_cheat_declares_its_outcome_and_blocking_checks() -> None:
+    assert sorted(EXPECTED_CHEATS) == sorted(p.stem for p in CHEATS.glob("*.py"))
+    for expected in EXPECTED_CHEATS.values():
+        assert Outcome(expected["outcome"])
+        assert expected["blocking"] == sorted(set(expected["blocking"]))
+        assert bool(expected["blocking"]) == (expected["outcome"] == "hack_flagged")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cheat", sorted(CHEATS.glob("*.py")), ids=lambda p: p.stem)
-def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
-    """Through the environment seam, as the harness grades: the task and the cheat travel as bytes."""
+def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> None:
+    """Through the environment seam, as the harness grades: the task and the cheat travel as bytes.
+
+    Each cheat must get the outcome and the blocking checks it is declared to get: one that
+    fails for an unrelated reason fails this test.
+    """
     problem = re.search(r"# problem: (\S+)", cheat.read_text())
     assert problem is not None
     environment = ENVIRONMENT.create(
@@ -106,6 +131,11 @@ def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
         assert evaluation.score_ci[1] < 1.5, evaluation.model_dump_json(indent=1)
     assert evaluation.outcome is not Outcome.GRADER_ERROR, evaluation.error
     assert evaluation.score_unit == "speedup"
+    got = {
+        "outcome": evaluation.outcome.value,
+        "blocking": sorted({f.check for f in evaluation.findings if f.severity == "block"}),
+    }
+    assert got == EXPECTED_CHEATS[cheat.stem], evaluation.model_dump_json(indent=1)
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
 
 
@@ -124,7 +154,7 @@ def test_cheats_never_pass_with_a_faked_speedup(cheat: Path) -> None:
 )
 def test_bad_submissions(name: str, expected: Outcome) -> None:
     options = GradeOptions(timeout_s=12, timing_pairs=6, memory_limit_bytes=3 << 30)
-    verdict = grade(PROBLEMS / "01_matmul_relu.py", BAD / f"{name}.py", options)
+    verdict = grade_files(PROBLEMS / "01_matmul_relu.py", BAD / f"{name}.py", options)
     assert verdict.outcome is expected, verdict.model_dump_json(indent=1)
     assert verdict.error
     if expected is Outcome.INVALID:
@@ -134,7 +164,7 @@ def test_bad_submissions(name: str, expected: Outcome) -> None:
 @pytest.mark.slow
 def test_fork_bomb_is_contained() -> None:
     options = GradeOptions(timeout_s=12, timing_pairs=6, max_processes=32)
-    verdict = grade(PROBLEMS / "01_matmul_relu.py", BAD / "fork_bomb.py", options)
+    verdict = grade_files(PROBLEMS / "01_matmul_relu.py", BAD / "fork_bomb.py", options)
     assert verdict.outcome in (Outcome.TIMEOUT, Outcome.CRASHED)
     assert sandbox_uids() == set()
 
@@ -166,7 +196,7 @@ def test_candidate_cannot_see_the_problem_the_supervisor_or_the_network(tmp_path
         "        return out if not SEEN and len(PIDS) < 5 else out * 0\n"
     )
     try:
-        verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+        verdict = grade_files(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
     finally:
         server.close()
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
@@ -218,7 +248,7 @@ def test_the_candidate_sees_only_its_allowlisted_root(tmp_path: Path, other_run:
         assert all(os.access(t, os.R_OK) for t in targets), (
             "the planted files must be readable outside"
         )
-        verdict = grade(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
+        verdict = grade_files(PROBLEMS / "01_matmul_relu.py", probe, QUICK)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert verdict.outcome is Outcome.PASSED, verdict.error
@@ -235,17 +265,31 @@ def test_a_kernel_copied_from_another_run_gets_no_passing_verdict(other_run: Pat
         compile(finder, str(cheat), "exec"), namespace
     )  # the cheat's own search, run outside the jail
     assert str(other_run / "submissions" / "0001-kernel.py") in namespace["find_kernels"](str(ROOT))  # type: ignore[operator]
-    verdict = grade(PROBLEMS / "01_matmul_relu.py", cheat, QUICK)
+    verdict = grade_files(PROBLEMS / "01_matmul_relu.py", cheat, QUICK)
     assert verdict.outcome is Outcome.INVALID, verdict.model_dump_json(indent=1)
     assert "no other run's kernel to copy" in (verdict.error or "")
 
 
 def test_grade_async_returns_a_verdict() -> None:
     verdict = asyncio.run(
-        grade_async(PROBLEMS / "01_matmul_relu.py", BAD / "syntax_error.py", QUICK)
+        grade_async(
+            (PROBLEMS / "01_matmul_relu.py").read_bytes(),
+            (BAD / "syntax_error.py").read_bytes(),
+            QUICK,
+        )
     )
     assert verdict.outcome is Outcome.INVALID
     assert verdict.provenance.submission_sha256
+
+
+def test_grade_takes_bytes_and_names_the_problem_in_its_errors() -> None:
+    source = (SUBMISSIONS / "01_matmul_relu_addmm.py").read_bytes()
+    with pytest.raises(TypeError, match="takes the problem_source as bytes, not PosixPath"):
+        grade(PROBLEMS / "01_matmul_relu.py", source, QUICK)  # type: ignore[arg-type]
+    with pytest.raises(
+        TaskEnvironmentError, match=r"^problem task\.py lacks Model, get_init_inputs, get_inputs"
+    ):
+        grade(b"import torch\n", source, QUICK, problem_name="task.py")
 
 
 def test_cli_grade_json_contract(tmp_path: Path) -> None:
@@ -271,7 +315,7 @@ def test_cli_grade_json_contract(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_gpu_grading_path() -> None:
     options = GradeOptions(device="cuda", timeout_s=120)
-    verdict = grade(
+    verdict = grade_files(
         PROBLEMS / "01_matmul_relu.py", SUBMISSIONS / "01_matmul_relu_addmm.py", options
     )
     assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
@@ -282,7 +326,8 @@ def test_gpu_grading_path() -> None:
 def test_concurrent_gradings_with_the_same_seed_all_pass() -> None:
     """The agent-visible check always uses one seed; three at once must not share a sandbox uid."""
     options = GradeOptions(timing_pairs=5, correctness_seeds=1, seed=20_251_129, timeout_s=120)
-    problem, submission = PROBLEMS / "11_slow_cumsum.py", SUBMISSIONS / "11_fast_cumsum.py"
+    problem = (PROBLEMS / "11_slow_cumsum.py").read_bytes()
+    submission = (SUBMISSIONS / "11_fast_cumsum.py").read_bytes()
 
     async def together() -> list[Outcome]:
         verdicts = await asyncio.gather(
@@ -304,7 +349,7 @@ def test_workers_started_without_the_fork_server_grade_alike(
     submission: Path, expected: Outcome
 ) -> None:
     """The exec path (``fork_server=False``; CUDA and machines without namespaces take it too)."""
-    verdict = grade(
+    verdict = grade_files(
         PROBLEMS / "02_softmax.py", submission, dataclasses.replace(QUICK, fork_server=False)
     )
     assert verdict.outcome is expected, verdict.model_dump_json(indent=1)
@@ -317,14 +362,14 @@ def test_workers_started_without_the_fork_server_grade_alike(
 def test_a_fork_server_that_fails_is_a_grader_error_naming_the_knob(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from agentinfra.environments.kernels import _grader
+    from agentinfra.environments.kernels import _grader, _worker_calls
     from agentinfra.sandbox import ForkServer
 
     broken = ForkServer(preload=(("agentinfra_no_such_module", ""),), target="x:y", env={},
                         log_path=tmp_path / "forkserver.log")  # fmt: skip
-    monkeypatch.setattr(_grader, "worker_fork_server", lambda threads: broken)
+    monkeypatch.setattr(_worker_calls, "worker_fork_server", lambda threads: broken)
     if _grader.probe_sandbox_mode() not in ("namespaces+uid", "userns"):
         pytest.skip("no namespaces: workers are never forked")
     with pytest.raises(TaskEnvironmentError, match="AGENTINFRA_GRADER_FORK_SERVER=0"):
-        grade(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", QUICK)
+        grade_files(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", QUICK)
     assert sandbox_uids() == set()

@@ -19,15 +19,16 @@ from agentinfra.environments.kernels import GradeOptions, Outcome, Verdict, grad
 PROBLEMS = Path(__file__).resolve().parents[1] / "fixtures" / "kernels" / "problems"
 
 
-def identity(problem: Path, tmp_path: Path) -> Path:
-    submission = tmp_path / f"{problem.stem}_identity.py"
-    submission.write_text(problem.read_text() + "\n\nModelNew = Model\n")
-    return submission
+def identity(problem: Path) -> bytes:
+    """The problem's own code as its submission, the identity KernelBench users try first."""
+    return problem.read_bytes() + b"\n\nModelNew = Model\n"
 
 
-def grade_identity(name: str, tmp_path: Path, **options: object) -> Verdict:
+def grade_identity(name: str, **options: object) -> Verdict:
     problem = PROBLEMS / name
-    return grade(problem, identity(problem, tmp_path), GradeOptions(**options))  # type: ignore[arg-type]
+    return grade(
+        problem.read_bytes(), identity(problem), GradeOptions(**options), problem_name=name
+    )  # type: ignore[arg-type]
 
 
 def checks(verdict: Verdict) -> set[str]:
@@ -35,34 +36,29 @@ def checks(verdict: Verdict) -> set[str]:
 
 
 @pytest.mark.slow
-def test_a_reference_with_dropout_is_graded_in_eval_mode(tmp_path: Path) -> None:
-    verdict = grade_identity("matmul_dropout_softmax.py", tmp_path)
+def test_a_reference_with_dropout_is_graded_in_eval_mode() -> None:
+    verdict = grade_identity("matmul_dropout_softmax.py")
     assert verdict.outcome is Outcome.PASSED, verdict
     (finding,) = [f for f in verdict.findings if f.check == "nondeterministic_reference"]
     assert "Dropout" in finding.message
     assert "eval mode" in finding.message
     # a wrong candidate still fails in eval mode: the policy does not weaken the check
-    wrong = tmp_path / "wrong.py"
-    wrong.write_text(
-        (PROBLEMS / "matmul_dropout_softmax.py").read_text().replace("dim=1", "dim=0")
-        + "\n\nModelNew = Model\n"
-    )
-    failed = grade(PROBLEMS / "matmul_dropout_softmax.py", wrong, GradeOptions(measure_speed=False))
+    problem = (PROBLEMS / "matmul_dropout_softmax.py").read_bytes()
+    wrong = problem.replace(b"dim=1", b"dim=0") + b"\n\nModelNew = Model\n"
+    failed = grade(problem, wrong, GradeOptions(measure_speed=False))
     assert failed.outcome is Outcome.FAILED
 
 
-def test_a_reference_random_in_eval_mode_too_blames_the_problem(tmp_path: Path) -> None:
-    verdict = grade_identity("noise_in_forward.py", tmp_path)
+def test_a_reference_random_in_eval_mode_too_blames_the_problem() -> None:
+    verdict = grade_identity("noise_in_forward.py")
     assert verdict.outcome is Outcome.GRADER_ERROR
     assert checks(verdict) == {"problem"}
     assert "training and in eval mode" in (verdict.error or "")
 
 
-def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob(
-    tmp_path: Path,
-) -> None:
+def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob() -> None:
     started = time.monotonic()
-    verdict = grade_identity("huge_output.py", tmp_path)
+    verdict = grade_identity("huge_output.py")
     assert time.monotonic() - started < 30  # sized on the meta device: 4.1 GiB is never allocated
     assert verdict.outcome is Outcome.GRADER_ERROR
     assert checks(verdict) == {"problem"}
@@ -71,14 +67,14 @@ def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob(
     assert "memory limit is 4.0 GiB" in error
     assert "AGENTINFRA_GRADER_MEMORY" in error
     # with room in the sandbox, the wire's frame is the limit
-    wire = grade_identity("huge_output.py", tmp_path, memory_limit_bytes=16 << 30)
+    wire = grade_identity("huge_output.py", memory_limit_bytes=16 << 30)
     assert wire.outcome is Outcome.GRADER_ERROR
     assert "over the 4.0 GiB frame" in (wire.error or "")
 
 
 @pytest.mark.slow
-def test_a_slow_problem_times_fewer_calls_and_says_how_many(tmp_path: Path) -> None:
-    verdict = grade_identity("slow_chain.py", tmp_path)
+def test_a_slow_problem_times_fewer_calls_and_says_how_many() -> None:
+    verdict = grade_identity("slow_chain.py")
     assert verdict.outcome is Outcome.PASSED, verdict
     assert verdict.timed_calls is not None
     assert 5 <= verdict.timed_calls < 20  # the full plan times 20 batches of several calls
@@ -86,8 +82,8 @@ def test_a_slow_problem_times_fewer_calls_and_says_how_many(tmp_path: Path) -> N
     assert 0.7 < verdict.speedup < 1.4
 
 
-def test_a_problem_whose_own_code_fails_blames_the_problem(tmp_path: Path) -> None:
-    verdict = grade_identity("broken_reference.py", tmp_path)
+def test_a_problem_whose_own_code_fails_blames_the_problem() -> None:
+    verdict = grade_identity("broken_reference.py")
     assert verdict.outcome is Outcome.GRADER_ERROR
     assert checks(verdict) == {"problem"}
     assert "the problem's own code failed in gen" in (verdict.error or "")

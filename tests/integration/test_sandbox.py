@@ -22,12 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from agentinfra.errors import ChannelClosedError, ChannelTimeoutError, ForkServerError
 from agentinfra.sandbox import (
     UID_RANGE,
-    ChannelClosedError,
-    ChannelTimeoutError,
     ForkServer,
-    ForkServerError,
     JailedProcess,
     JailLimits,
     JailSpec,

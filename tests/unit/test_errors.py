@@ -33,7 +33,9 @@ def test_every_error_descends_from_the_root() -> None:
 def test_every_exported_exception_of_every_package_descends_from_the_root() -> None:
     exported = _exported_exceptions()
     assert errors.ForkServerError in exported.values()
-    assert len({name.rsplit(".", 1)[0] for name in exported}) > 1, "the walk found only agentinfra.errors"
+    assert len({name.rsplit(".", 1)[0] for name in exported}) > 1, (
+        "the walk found only agentinfra.errors"
+    )
     outside = sorted(
         n for n, cls in exported.items() if not issubclass(cls, errors.AgentInfraError)
     )

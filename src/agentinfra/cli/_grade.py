@@ -16,9 +16,16 @@ from rich.table import Table
 
 from agentinfra._settings import load_settings
 from agentinfra.environments.kernels import GradeOptions, KernelSettings, Verdict, grade
-from agentinfra.errors import ConfigError
+from agentinfra.errors import ConfigError, TaskEnvironmentError
 
 __all__ = ["grade_command"]
+
+
+def _read(label: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TaskEnvironmentError(f"cannot read {label} {path}: {exc.strerror}") from None
 
 
 def _show(verdict: Verdict) -> None:
@@ -78,10 +85,11 @@ def grade_command(
         load_settings().grader, threads=threads, timeout_s=timeout_s
     )
     options = GradeOptions.from_settings(settings, device=device)
+    sources = (_read("problem", problem), _read("submission", submission))
     if as_json:
-        verdict = grade(problem, submission, options)
+        verdict = grade(*sources, options, problem_name=str(problem))
         typer.echo(verdict.model_dump_json())
         return
     with Console(stderr=True).status(f"grading {submission.name} against {problem.name}"):
-        verdict = grade(problem, submission, options)
+        verdict = grade(*sources, options, problem_name=str(problem))
     _show(verdict)

@@ -1,16 +1,12 @@
 """The kernels environment behind the seam: KernelBench-format tasks, scored by speedup.
 
 `ENVIRONMENT` is what the registry hands out for ``--env kernels``. Each
-evaluation writes the task and the submission's bytes into a fresh private
-directory and grades there, so the same code runs on this machine or on a Ray
-node that has only the bytes.
+evaluation grades the task's and the submission's bytes (`grade_async` takes
+bytes), so the same code runs on this machine or on a Ray node that has only the bytes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +71,6 @@ def evaluation_of(verdict: Verdict) -> Evaluation:
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def _on_disk(task: Task, submission: Submission) -> Iterator[tuple[Path, Path]]:
-    """Both as files in a fresh private directory, removed afterwards."""
-    with tempfile.TemporaryDirectory(prefix="agentinfra-kernels-") as folder:
-        problem = Path(folder) / "problem" / (Path(task.name).name or "problem.py")
-        candidate = Path(folder) / "candidate" / "submission.py"
-        problem.parent.mkdir()
-        candidate.parent.mkdir()
-        problem.write_bytes(task.data)
-        candidate.write_bytes(submission.data)
-        yield problem, candidate
-
-
 class KernelEnvironment:
     """One KernelBench-format problem, graded by `agentinfra.environments.kernels`."""
 
@@ -102,11 +85,10 @@ class KernelEnvironment:
         """Where this run grades; the harness samples this device while the run serves."""
 
     async def evaluate(self, submission: Submission, *, seed: int | None = None) -> Evaluation:
-        with _on_disk(self.task, submission) as (problem, candidate):
-            verdict = await grade_async(
-                problem, candidate, GradeOptions.from_settings(self.settings, seed=seed)
-            )
-        return evaluation_of(verdict)
+        options = GradeOptions.from_settings(self.settings, seed=seed)
+        return evaluation_of(
+            await grade_async(self.task.data, submission.data, options, problem_name=self.task.name)
+        )
 
     def agent_view(self, evaluation: Evaluation) -> dict[str, Any]:
         return {
@@ -126,8 +108,9 @@ class KernelEnvironment:
             self.settings.model_copy(update={"correctness_seeds": 1, "timing_pairs": 5}),
             seed=AGENT_VISIBLE_SEED,
         )
-        with _on_disk(self.task, submission) as (problem, candidate):
-            return evaluation_of(await grade_async(problem, candidate, options))
+        return evaluation_of(
+            await grade_async(self.task.data, submission.data, options, problem_name=self.task.name)
+        )
 
     def agent_setup(self, workspace: Path, hooks: AgentHooks) -> AgentSetup:
         return AgentSetup(

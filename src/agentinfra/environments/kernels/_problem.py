@@ -19,7 +19,7 @@ from typing import Any
 
 from agentinfra.errors import TaskEnvironmentError
 
-__all__ = ["ProblemMeta", "load_problem_meta"]
+__all__ = ["ProblemMeta", "load_problem_meta", "parse_problem_meta"]
 
 _KNOWN_KEYS = frozenset(
     {"atol", "rtol", "variants", "shape_variants", "flops", "bytes", "description"}
@@ -115,6 +115,15 @@ def load_problem_meta(path: Path) -> ProblemMeta:
         source = path.read_bytes()
     except OSError as exc:
         raise TaskEnvironmentError(f"cannot read problem {path}: {exc.strerror}") from None
+    return parse_problem_meta(source, path)
+
+
+def parse_problem_meta(source: bytes, path: Path) -> ProblemMeta:
+    """The metadata of a problem's ``source`` (never run); ``path`` names it in messages.
+
+    Raises:
+        TaskEnvironmentError: as `load_problem_meta`, bar reading.
+    """
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:

@@ -1,4 +1,5 @@
-"""The verdict: the one result of grading a submission (schema version 1).
+"""The verdict: the one result of grading a submission (schema version 1), and the stop that
+ends a grading early with an outcome (`StopGradingError`).
 
 Other tools (the harness, reports, exports) depend on this exact contract. A
 verdict is produced by the trusted supervisor only; nothing in it is taken from
@@ -13,7 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentinfra.environments import Finding, Outcome, Severity
 
-__all__ = ["Finding", "Outcome", "Provenance", "Severity", "Utilisation", "Verdict"]
+__all__ = [
+    "ERROR_LIMIT",
+    "Finding",
+    "Outcome",
+    "Provenance",
+    "Severity",
+    "StopGradingError",
+    "Utilisation",
+    "Verdict",
+    "capped_error",
+]
 
 
 class Provenance(BaseModel):
@@ -61,6 +72,28 @@ class Utilisation(BaseModel):
 
 ERROR_LIMIT = 4000
 """The most characters of a verdict's ``error`` (its head and tail are kept)."""
+
+
+def capped_error(error: str) -> str:
+    """``error`` within `ERROR_LIMIT` characters: its head and tail, the cut marked."""
+    if len(error) <= ERROR_LIMIT:
+        return error
+    half = (ERROR_LIMIT - 40) // 2
+    return f"{error[:half]} [... {len(error) - 2 * half} characters cut ...] {error[-half:]}"
+
+
+class StopGradingError(Exception):
+    """Ends a grading early with ``outcome``; ``error`` becomes the verdict's ``error``.
+
+    ``finding``, when set, is recorded first: a ``problem`` finding when the problem, not
+    the candidate, is to blame (the outcome is then ``grader_error``).
+    """
+
+    def __init__(self, outcome: Outcome, error: str, finding: Finding | None = None) -> None:
+        super().__init__(error)
+        self.outcome = outcome
+        self.error = error
+        self.finding = finding
 
 
 class Verdict(BaseModel):

@@ -25,6 +25,12 @@ written into the pool file), ``call`` (one call on given inputs),
 with ``staged``, only their layout), ``stage`` (map the next batch's inputs from its
 file), ``batch`` (timed calls, answers with a hash of each output), ``fetch`` (outputs of the last batch), ``peaks`` (machine peak
 FLOP/s and bandwidth), ``exit``.
+
+Why one file of about 600 lines, unlike the supervisor's modules: it is the one program
+that runs inside the jail, and the jail's root holds exactly the modules it needs
+(`_sandbox.worker_jail` binds this file and `_wire.py`; the fork server preloads the
+same two). Every module split off would join that allowlist and the preload, and so
+what each candidate can read; one file keeps the in-jail program and its view whole.
 """
 
 from __future__ import annotations
