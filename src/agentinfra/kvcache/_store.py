@@ -34,7 +34,6 @@ callers on an event loop. Other processes share blocks through a read-only
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import threading
 import time
@@ -48,9 +47,11 @@ import numpy.typing as npt
 
 from agentinfra.errors import BlockFormatError, ConfigError
 from agentinfra.kvcache._block import Block, decode_header, encode_block, parse_block
+from agentinfra.kvcache._diagnosis import EvictionRecord, Explanation, MissReason
 from agentinfra.kvcache._disk_tier import DiskTier
 from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
+from agentinfra.kvcache._session import Session, SessionState
 from agentinfra.kvcache._tier import Tier, TierStats
 
 __all__ = [
@@ -64,31 +65,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-MissReason = Literal["never_stored", "evicted", "checksum", "namespace", "format"]
 TokenIds = Sequence[int] | npt.NDArray[np.integer]
-
-
-@dataclass(frozen=True, slots=True)
-class EvictionRecord:
-    """When and how a block left a tier."""
-
-    at_s: float
-    tier: str
-    policy: str
-    demoted_to: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation:
-    """Why a prefix hit only ``hit_blocks`` of ``requested_blocks``."""
-
-    requested_blocks: int
-    hit_blocks: int
-    first_missing: int | None
-    key: BlockKey | None
-    reason: MissReason | None
-    detail: str
-    eviction: EvictionRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,49 +83,6 @@ class StoreStats:
     tiers: tuple[TierStats, ...] = field(default_factory=tuple)
     released: int = 0
     """Blocks a finished session held alone, moved out of memory when it closed."""
-
-
-class SessionState(enum.Enum):
-    """Where an agent session is in its turn cycle."""
-
-    ACTIVE = "active"
-    WAITING = "waiting"
-    IDLE = "idle"
-    CLOSED = "closed"
-
-
-class Session:
-    """An agent session (or sub-agent) whose blocks the store treats as one working set."""
-
-    def __init__(self, store: TieredStore, session_id: str, parent: Session | None) -> None:
-        self.session_id = session_id
-        self.parent = parent
-        self.state = SessionState.IDLE
-        self.keys: list[BlockKey] = []
-        self.deadline_s: float | None = None
-        self._store = store
-        self._pinned: list[BlockKey] = []
-
-    def begin_turn(self, keys: Sequence[BlockKey]) -> int:
-        """Starts a turn over prefix ``keys``: prefetches and pins them; returns the hit run."""
-        return self._store._begin_turn(self, keys)
-
-    def add(self, keys: Sequence[BlockKey]) -> None:
-        """Adds blocks the turn produced (already `put`) to the session and pins them."""
-        self._store._add_to_session(self, keys)
-
-    def end_turn(self, *, ttl_s: float) -> None:
-        """The agent now waits on a tool: unpin, and demote the blocks after ``ttl_s``."""
-        self._store._end_turn(self, ttl_s)
-
-    def close(self, *, release_private: bool = False) -> None:
-        """Ends the session and its sub-agents; their blocks become ordinary.
-
-        ``release_private``: the agent is done, so the blocks no other session ever
-        held (its own turns, not a shared system prompt or a parent's context) leave
-        memory at once (to disk when there is one) instead of ageing out there.
-        """
-        self._store._close_session(self, release_private)
 
 
 class TieredStore:
