@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvcache"))
 from _common import environment
 
-from agentinfra.environments.kernels import GradeOptions, grade, probe_sandbox_mode
+from agentinfra.environments.kernels import GradeOptions, grade
+from agentinfra.sandbox import probe_sandbox_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "kernels" / "problems"

@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from agentinfra.environments.kernels import GradeOptions, grade, probe_sandbox_mode
+from agentinfra.environments.kernels import GradeOptions, grade
+from agentinfra.sandbox import probe_sandbox_mode
 
 ROOT = Path(__file__).resolve().parents[2]
 PAIRS = [

@@ -22,20 +22,18 @@ from typing import Any
 
 import pytest
 
-from agentinfra.environments import Submission
+from agentinfra.environments import Outcome, Submission
 from agentinfra.environments.kernels import (
     ENVIRONMENT,
     GradeOptions,
     KernelSettings,
-    Outcome,
     Verdict,
     grade,
     grade_async,
-    probe_sandbox_mode,
 )
 from agentinfra.environments.kernels._workers import WORKER_DISTRIBUTIONS
 from agentinfra.errors import TaskEnvironmentError
-from agentinfra.sandbox import python_runtime_paths, system_library_paths
+from agentinfra.sandbox import probe_sandbox_mode, python_runtime_paths, system_library_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "kernels" / "problems"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.environments.kernels import GradeOptions, Outcome, Verdict, grade
+from agentinfra.environments import Outcome
+from agentinfra.environments.kernels import GradeOptions, Verdict, grade
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "fixtures" / "kernels" / "problems"
 

@@ -169,13 +169,11 @@ EXPECTED: dict[str, list[str]] = {
     "agentinfra.environments.kernels": [
         "AGENT_VISIBLE_SEED",
         "ENVIRONMENT",
-        "Finding",
         "GRADER_VERSION",
         "GradeOptions",
         "KERNEL_SYSTEM_PROMPT",
         "KernelEnvironment",
         "KernelSettings",
-        "Outcome",
         "ProblemMeta",
         "Provenance",
         "SCORE",
@@ -188,7 +186,6 @@ EXPECTED: dict[str, list[str]] = {
         "kernel_tools",
         "load_kernel_task",
         "load_problem_meta",
-        "probe_sandbox_mode",
         "static_findings",
     ],
     "agentinfra.agent": [

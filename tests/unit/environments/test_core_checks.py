@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.environments.kernels import Finding
+from agentinfra.environments import Finding
 from agentinfra.environments.kernels._judgements import (
     CpuWindow,
     Refusal,

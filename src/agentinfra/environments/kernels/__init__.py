@@ -21,24 +21,19 @@ from agentinfra.environments.kernels._problem import ProblemMeta, load_problem_m
 from agentinfra.environments.kernels._settings import KernelSettings
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._verdict import (
-    Finding,
-    Outcome,
     Provenance,
     Utilisation,
     Verdict,
 )
-from agentinfra.sandbox import probe_sandbox_mode
 
 __all__ = [
     "AGENT_VISIBLE_SEED",
     "ENVIRONMENT",
-    "Finding",
     "GRADER_VERSION",
     "GradeOptions",
     "KERNEL_SYSTEM_PROMPT",
     "KernelEnvironment",
     "KernelSettings",
-    "Outcome",
     "ProblemMeta",
     "Provenance",
     "SCORE",
@@ -51,6 +46,5 @@ __all__ = [
     "kernel_tools",
     "load_kernel_task",
     "load_problem_meta",
-    "probe_sandbox_mode",
     "static_findings",
 ]
