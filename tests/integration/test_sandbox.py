@@ -172,7 +172,7 @@ def run_jail(
         ro_paths=(*RUNTIME, str(allowed)),
         files=(("/opt/tool/generated.txt", "generated"),),
         copy_in=((str(given), "given.txt"),),
-        limits=JailLimits(memory_bytes=2 << 30, max_processes=16, cpu_s=30),
+        limits=JailLimits(memory_limit_bytes=2 << 30, max_processes=16, cpu_limit_s=30),
         **changes,  # type: ignore[arg-type]
     )  # fmt: skip
     try:

@@ -299,10 +299,10 @@ def _set_limits(limits: dict[str, int] | None) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if not limits:
         return
-    memory = limits["memory_bytes"]
+    memory = limits["memory_limit_bytes"]
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 5))
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_limit_s"], limits["cpu_limit_s"] + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
 

@@ -34,9 +34,9 @@ SYSTEM_LIBRARY_PATHS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/etc/ld.so.
 class JailLimits:
     """Resource limits inside a jail (per process; RLIMIT_NPROC counts the jail's uid)."""
 
-    memory_bytes: int
+    memory_limit_bytes: int
     max_processes: int
-    cpu_s: int
+    cpu_limit_s: int
     file_bytes: int = 1 << 30
     open_files: int = 256
 
@@ -95,8 +95,8 @@ class JailSpec:
             "tmp_bytes": self.tmp_bytes,
             "cpus": list(self.cpus),
             "limits": None if limits is None else {
-                "memory_bytes": limits.memory_bytes, "max_processes": limits.max_processes,
-                "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes, "open_files": limits.open_files,
+                "memory_limit_bytes": limits.memory_limit_bytes, "max_processes": limits.max_processes,
+                "cpu_limit_s": limits.cpu_limit_s, "file_bytes": limits.file_bytes, "open_files": limits.open_files,
             },
             "env": self.env,
             "rw_binds": [list(b) for b in self.rw_binds],

@@ -221,7 +221,9 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None) 
                 + ("/usr/bin", "/bin"),
                 binds=((str(episode.snapshot), "/home/user"), (str(expected_dir), "/expected")),
                 copy_in=((str(_EVALUATE), "evaluate.py"),),
-                limits=JailLimits(memory_bytes=4 << 30, max_processes=64, cpu_s=_GRADING_TIMEOUT_S),
+                limits=JailLimits(
+                    memory_limit_bytes=4 << 30, max_processes=64, cpu_limit_s=_GRADING_TIMEOUT_S
+                ),
             )
             try:
                 done = subprocess.run(spec.command("namespaces+uid"), input=json.dumps(request).encode(),

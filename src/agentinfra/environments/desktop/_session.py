@@ -110,10 +110,10 @@ class DesktopConfig:
 
     width: int = 1920
     height: int = 1080
-    memory_bytes: int = 8 << 30
+    memory_limit_bytes: int = 8 << 30
     """Address-space limit per process (LibreOffice maps about 2 GB)."""
     max_processes: int = 512
-    cpu_s: int = 24 * 3600
+    cpu_limit_s: int = 24 * 3600
     tmp_bytes: int = 512 << 20
     request_timeout_s: float = 60.0
 
@@ -256,8 +256,8 @@ class DesktopSession:
             devices=("/dev/tty",),
             tmp_bytes=self.config.tmp_bytes,
             limits=JailLimits(
-                memory_bytes=self.config.memory_bytes, max_processes=self.config.max_processes,
-                cpu_s=self.config.cpu_s, open_files=4096,
+                memory_limit_bytes=self.config.memory_limit_bytes, max_processes=self.config.max_processes,
+                cpu_limit_s=self.config.cpu_limit_s, open_files=4096,
             ),
         )  # fmt: skip
 

@@ -148,7 +148,8 @@ def worker_jail(
         workdir=JAILED_WORKDIR,
         cpus=cpus,
         limits=None if limits is None else JailLimits(
-            memory_bytes=limits.memory_limit_bytes, max_processes=limits.max_processes, cpu_s=limits.cpu_limit_s
+            memory_limit_bytes=limits.memory_limit_bytes, max_processes=limits.max_processes,
+            cpu_limit_s=limits.cpu_limit_s,
         ),
     )  # fmt: skip
 
