@@ -2,7 +2,7 @@
 
 Use it with ``--kv-transfer-config``::
 
-    {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.kvcache.vllm",
+    {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.engines.vllm",
      "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
      "kv_connector_extra_config": {"url": "127.0.0.1:7480", "token_file": "...", "tenant": "..."}}
 
@@ -74,9 +74,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from agentinfra.errors import ConfigError
-from agentinfra.kvcache._block import LAYOUT_ENGINE_NATIVE, Block, encode_block
-from agentinfra.kvcache._client import AsyncCacheClient
-from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
+from agentinfra.kvcache import (
+    LAYOUT_ENGINE_NATIVE,
+    AsyncCacheClient,
+    Block,
+    BlockKey,
+    Namespace,
+    block_keys,
+    encode_block,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
