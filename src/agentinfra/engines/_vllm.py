@@ -49,22 +49,22 @@ Design (decision 0010):
 
 Counters (lookups, hits, blocks loaded, load errors, blocks saved, dropped saves,
 network errors) are logged at shutdown and kept in `ConnectorCounters`.
+
+This module is the glue: it translates vLLM's objects (requests, scheduler output,
+KV tensors) to token ids and block ids and back. The planning (keys, loads, saves,
+waits, session hints, counts) is `_connector_plan`, tested without vLLM; the
+connection to the kv server is `_connector_remote`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import hashlib
 import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -73,6 +73,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from agentinfra.engines import _connector_plan as plans
+from agentinfra.engines._connector_plan import (
+    ConnectorCounters,
+    ConnectorSettings,
+    RequestPlan,
+    SaveTracker,
+)
+from agentinfra.engines._connector_remote import CacheRemote, begin_session
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
@@ -80,7 +88,6 @@ from agentinfra.kvcache import (
     Block,
     BlockKey,
     Namespace,
-    block_keys,
     encode_block,
 )
 
@@ -101,150 +108,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("vllm.agentinfra_connector")  # under vLLM's logger: its handlers and format
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectorSettings:
-    """``kv_connector_extra_config``, checked."""
-
-    host: str = "127.0.0.1"
-    port: int = 7480
-    tenant: str = ""
-    token: str = ""
-    model_id: str = ""
-    """The namespace's model; default: vLLM's served model name."""
-    weights_revision: str = ""
-    """Default: a hash of the checkpoint's config and weight files (name, size), or the revision."""
-    timeout_s: float = 5.0
-    lookup_timeout_s: float = 2.0
-    load: bool = True
-    save: bool = True
-    max_pending_mib: float = 256.0
-    tool_wait_ttl_s: float = 120.0
-    """How long an agent's blocks stay in memory after its turn while it runs tools (session hints)."""
-
-    @classmethod
-    def from_extra(cls, extra: dict[str, Any]) -> ConnectorSettings:
-        known = {"url", "token_file", *cls.__dataclass_fields__}
-        unknown = sorted(set(extra) - known)
-        if unknown:
-            raise ConfigError(
-                f"unknown kv_connector_extra_config key(s) {unknown}; known: {sorted(known)}"
-            )
-        values = {k: v for k, v in extra.items() if k in cls.__dataclass_fields__}
-        url = str(extra.get("url", ""))
-        if url:
-            host, _, port = url.removeprefix("tcp://").rpartition(":")
-            if not host or not port.isdigit():
-                raise ConfigError(
-                    f"kv_connector_extra_config url {url!r} must be HOST:PORT, e.g. 127.0.0.1:7480"
-                )
-            values |= {"host": host, "port": int(port)}
-        token_file = extra.get("token_file")
-        if token_file:
-            try:
-                words = Path(str(token_file)).read_text().split()
-            except OSError as exc:
-                raise ConfigError(
-                    f"cannot read token_file {token_file}: {exc.strerror} (kv_connector_extra_config)"
-                ) from None
-            if not words:
-                raise ConfigError(f"token_file {token_file} is empty (kv_connector_extra_config)")
-            values["token"] = words[-1]
-        try:
-            return cls(**values)
-        except TypeError as exc:
-            raise ConfigError(f"kv_connector_extra_config: {exc}") from None
-
-
-@dataclass
-class ConnectorCounters:
-    lookups: int = 0
-    lookup_timeouts: int = 0
-    hit_blocks: int = 0
-    loaded_blocks: int = 0
-    load_errors: int = 0
-    saved_blocks: int = 0
-    dropped_saves: int = 0
-    network_errors: int = 0
-    save_waits: int = 0
-    """Lookups held back (answered "ask again") until an earlier request's saves of the same
-    blocks had reached the server."""
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
-
-
-class _Remote:
-    """One connection to the cache server on a private event-loop thread; each call returns a Future.
-
-    A failed call drops the connection; the next call reconnects, at most once a second.
-    """
-
-    def __init__(self, settings: ConnectorSettings, counters: ConnectorCounters) -> None:
-        self.settings = settings
-        self.counters = counters
-        self.loop = asyncio.new_event_loop()
-        self._client: AsyncCacheClient | None = None
-        self._retry_at = 0.0
-        self._thread = threading.Thread(
-            target=self.loop.run_forever, name="agentinfra-kv", daemon=True
-        )
-        self._thread.start()
-
-    async def _connected(self) -> AsyncCacheClient:
-        if self._client is None:
-            if time.monotonic() < self._retry_at:
-                raise ConnectionError("the kv server was unreachable less than a second ago")
-            try:
-                self._client = await AsyncCacheClient.connect(
-                    self.settings.host, self.settings.port, tenant=self.settings.tenant,
-                    token=self.settings.token, timeout_s=self.settings.timeout_s,
-                )  # fmt: skip
-            except Exception:
-                self._retry_at = time.monotonic() + 1.0
-                raise
-        return self._client
-
-    def call(self, fn: Callable[[AsyncCacheClient], Awaitable[_T]]) -> Future[_T]:
-        async def run() -> _T:
-            client = await self._connected()
-            try:
-                return await asyncio.wait_for(fn(client), self.settings.timeout_s)
-            except Exception:
-                self._client = None
-                self.counters.network_errors += 1
-                with contextlib.suppress(Exception):
-                    await client.close()
-                raise
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop)
-
-    def close(self) -> None:
-        async def shut() -> None:
-            if self._client is not None:
-                with contextlib.suppress(Exception):
-                    await self._client.close()
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(shut(), self.loop).result(2)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(2)
-
-
-def _weights_identity(model: str) -> str:
-    """A hash of a local checkpoint's config and weight file names and sizes; '' for a hub name."""
-    root = Path(model)
-    if not root.is_dir():
-        return ""
-    digest = hashlib.sha256()
-    for path in sorted(root.iterdir()):
-        if path.name == "config.json":
-            digest.update(path.read_bytes())
-        elif path.suffix in (".safetensors", ".bin", ".gguf", ".pt"):
-            digest.update(f"{path.name}:{path.stat().st_size}".encode())
-    return "files-sha256:" + digest.hexdigest()[:32]
 
 
 def _isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtype: str) -> str:
@@ -256,31 +119,6 @@ def _isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtype: str) 
         return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
     except Exception:
         return "unknown"
-
-
-def _session_hint(request: Request) -> tuple[str, str | None, bool] | None:
-    """(session, parent, done) from ``kv_transfer_params["agentinfra"]``, or None without a valid hint."""
-    params = getattr(request, "kv_transfer_params", None)
-    hint = params.get("agentinfra") if isinstance(params, dict) else None
-    if (
-        not isinstance(hint, dict)
-        or not isinstance(hint.get("session"), str)
-        or not hint["session"]
-    ):
-        return None
-    parent = hint.get("parent")
-    return (
-        str(hint["session"])[:200],
-        str(parent)[:200] if isinstance(parent, str) else None,
-        hint.get("state") == "done",
-    )
-
-
-async def _begin(
-    client: AsyncCacheClient, session: str, keys: list[BlockKey], parent: str | None
-) -> int:
-    answer = await client.session(session, "begin", keys, parent=parent)
-    return int(answer.get("hits", 0))
 
 
 def layout_label(vllm_config: VllmConfig) -> str:
@@ -297,14 +135,9 @@ def layout_label(vllm_config: VllmConfig) -> str:
         if device == "cpu"
         else device
     )
-    return f"vllm-{device}:native-block:isa={isa}:bs={cache.block_size}:h={heads}:d={head_size}"
-
-
-def _kv_dtype(vllm_config: VllmConfig) -> str:
-    cache_dtype = str(vllm_config.cache_config.cache_dtype)
-    if cache_dtype != "auto":
-        return cache_dtype
-    return str(vllm_config.model_config.dtype).removeprefix("torch.")
+    return plans.native_layout_label(
+        device=device, isa=isa, block_size=cache.block_size, kv_heads=heads, head_size=head_size
+    )
 
 
 @dataclass
@@ -315,24 +148,24 @@ class AgentinfraConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     saves: list[tuple[str, list[bytes], list[int]]] = field(default_factory=list)
 
 
+def _raw(keys: list[BlockKey]) -> list[bytes]:
+    return [bytes(key) for key in keys]
+
+
 @dataclass
 class _Request:
+    """A vLLM request, its plan, and its lookup on the way."""
+
     request: Request
-    namespace: Namespace
-    keys: list[BlockKey] = field(default_factory=list)
-    block_ids: list[int] = field(default_factory=list)
-    next_save: int = 0
+    plan: RequestPlan
     lookup: Future[int] | None = None
-    lookup_started: float = 0.0
-    hits: int | None = None
-    local_computed: int = 0
-    pending_load: tuple[list[bytes], list[int]] | None = None
-    session: str | None = None
-    parent: str | None = None
-    done: bool = False
-    saved: set[bytes] = field(default_factory=set)
-    """Keys of the blocks planned for saving (the worker sends them in the background)."""
-    save_wait_started: float | None = None
+
+
+def _answer(lookup: Future[int]) -> int | None:
+    try:
+        return int(lookup.result())
+    except Exception:
+        return None
 
 
 class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
@@ -365,9 +198,11 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.namespace = Namespace(
             model_id=self.settings.model_id or str(model.served_model_name or model.model),
             weights_revision=self.settings.weights_revision
-            or _weights_identity(str(model.model))
+            or plans.weights_identity(str(model.model))
             or str(model.revision or ""),
-            kv_dtype=_kv_dtype(vllm_config),
+            kv_dtype=plans.kv_dtype(
+                str(vllm_config.cache_config.cache_dtype), str(vllm_config.model_config.dtype)
+            ),
             kv_layout=layout_label(vllm_config),
             block_size_tokens=self.block_size,
         )
@@ -375,7 +210,7 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self.head_size = int(model.get_head_size())
         self.num_blocks = int(kv_cache_config.num_blocks) if kv_cache_config is not None else 0
         self.counters = ConnectorCounters()
-        self.remote = _Remote(self.settings, self.counters)
+        self.remote = CacheRemote(self.settings, self.counters)
         # scheduler side
         self._requests: dict[str, _Request] = {}
         self._in_flight: dict[str, set[bytes]] = {}
@@ -384,12 +219,8 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._layers: list[torch.Tensor] = []
         self._block_dim = 0
         self._load_errors: set[int] = set()
-        self._pending_bytes = 0
-        self._pending_lock = threading.Lock()
-        self._puts_of: dict[str, int] = {}
-        """Request id -> its PUTs not yet answered by the server."""
-        self._finished_unsent: set[str] = set()
-        self._sent: set[str] = set()
+        self._saves = SaveTracker(self.settings.max_pending_mib * (1 << 20))
+        self._saves_lock = threading.Lock()
         log.info("AgentinfraConnector %s: %s:%d, namespace %s", role.name, self.settings.host,
                  self.settings.port, self.namespace)  # fmt: skip
 
@@ -397,31 +228,13 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _state(self, request: Request) -> _Request:
         state = self._requests.get(request.request_id)
         if state is None:
-            salt = getattr(request, "cache_salt", None)
-            namespace = self.namespace
-            if salt:
-                namespace = Namespace(
-                    model_id=namespace.model_id, weights_revision=namespace.weights_revision,
-                    kv_dtype=namespace.kv_dtype, kv_layout=namespace.kv_layout,
-                    block_size_tokens=namespace.block_size_tokens, tenant_salt=str(salt).encode(),
-                )  # fmt: skip
-            state = _Request(request, namespace)
-            hint = _session_hint(request)
-            if hint is not None:
-                state.session, state.parent, state.done = hint
+            plan = RequestPlan(
+                plans.request_namespace(self.namespace, getattr(request, "cache_salt", None)),
+                hint=plans.session_hint(getattr(request, "kv_transfer_params", None)),
+            )
+            state = _Request(request, plan)
             self._requests[request.request_id] = state
         return state
-
-    def _keys(self, state: _Request, blocks: int) -> list[BlockKey]:
-        """The keys of the request's first ``blocks`` full blocks (the chain, extended as tokens arrive)."""
-        have = len(state.keys)
-        if blocks > have:
-            tokens = list(
-                state.request.all_token_ids[have * self.block_size : blocks * self.block_size]
-            )
-            parent = state.keys[-1] if state.keys else None
-            state.keys += block_keys(state.namespace, tokens, parent=parent)
-        return state.keys[:blocks]
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -429,61 +242,44 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         prompt = request.prompt_token_ids
         if not self.settings.load or not prompt:
             return 0, False
-        usable = (len(prompt) - 1) // self.block_size  # at least one token is computed
-        have = num_computed_tokens // self.block_size
-        if usable <= have:
+        window = plans.lookup_window(len(prompt), num_computed_tokens, self.block_size)
+        if window is None:
             return 0, False
         state = self._state(request)
-        state.local_computed = num_computed_tokens
-        if state.hits is None:
+        plan = state.plan
+        plan.local_computed = num_computed_tokens
+        hits = plan.hits
+        if hits is None:
             if state.lookup is None:
-                keys = self._keys(state, usable)
-                if self._wait_for_saves(state, keys):
+                keys = plans.extend_keys(plan, state.request.all_token_ids, window.usable_blocks)
+                if plans.waits_for_saves(
+                    plan, keys, self._in_flight, now_s=time.monotonic(),
+                    timeout_s=self.settings.lookup_timeout_s, counters=self.counters,
+                ):  # fmt: skip
                     return (
                         None,
                         False,
                     )  # ask again once the earlier request's blocks are on the server
-                self.counters.lookups += 1
-                if (
-                    state.session is not None
-                ):  # a turn: prefetch and pin the prefix, answer the hits
-                    state.lookup = self.remote.call(
-                        lambda client: _begin(client, state.session or "", keys, state.parent)
-                    )
-                else:
-                    state.lookup = self.remote.call(lambda client: client.leading_hits(keys))
-                state.lookup_started = time.monotonic()
-            if not state.lookup.done():
-                if time.monotonic() - state.lookup_started < self.settings.lookup_timeout_s:
-                    return None, False  # ask again: the scheduler's step never waits on the network
-                self.counters.lookup_timeouts += 1
-                state.hits = 0
-            else:
-                try:
-                    state.hits = int(state.lookup.result())
-                except Exception:
-                    state.hits = 0
-            self.counters.hit_blocks += state.hits
-        found = min(state.hits, usable) - have
-        return (found * self.block_size if found > 0 else 0), False
+                state.lookup = self._lookup(plan, keys)
+                plans.begin_lookup(plan, now_s=time.monotonic(), counters=self.counters)
+            is_answered = state.lookup.done()
+            hits = plans.settle_lookup(
+                plan, _answer(state.lookup) if is_answered else None, is_answered=is_answered,
+                now_s=time.monotonic(), timeout_s=self.settings.lookup_timeout_s,
+                counters=self.counters,
+            )  # fmt: skip
+            if hits is None:
+                return None, False  # ask again: the scheduler's step never waits on the network
+        return plans.matched_tokens(hits, window, self.block_size), False
 
-    def _wait_for_saves(self, state: _Request, keys: list[BlockKey]) -> bool:
-        """Whether this lookup waits: blocks of its prefix are still being sent by a finished request.
-
-        Without this, a follow-up turn sent the moment the previous one finished looks its
-        prefix up before the previous turn's blocks reach the server and misses them all.
-        Bounded by the lookup timeout.
-        """
-        if not self._in_flight:
-            return False
-        wanted = {bytes(key) for key in keys}
-        if all(saved.isdisjoint(wanted) for saved in self._in_flight.values()):
-            return False
-        now = time.monotonic()
-        if state.save_wait_started is None:
-            state.save_wait_started = now
-            self.counters.save_waits += 1
-        return now - state.save_wait_started < self.settings.lookup_timeout_s
+    def _lookup(self, plan: RequestPlan, keys: list[BlockKey]) -> Future[int]:
+        """A turn's lookup prefetches and pins its prefix (SESSION begin); any other asks LEADING_HITS."""
+        hint = plan.hint
+        if hint is not None:
+            return self.remote.call(
+                lambda client: begin_session(client, hint.session, keys, hint.parent)
+            )
+        return self.remote.call(lambda client: client.leading_hits(keys))
 
     def update_connector_output(self, connector_output: Any) -> None:
         for req_id in getattr(connector_output, "finished_sending", None) or ():
@@ -493,15 +289,8 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         state = self._state(request)
-        start = state.local_computed // self.block_size
-        if num_external_tokens > 0:
-            ids = list(blocks.get_block_ids()[0])
-            count = num_external_tokens // self.block_size
-            keys = self._keys(state, start + count)[start:]
-            state.pending_load = ([bytes(k) for k in keys], ids[start : start + count])
-            state.next_save = max(state.next_save, start + count)
-        else:
-            state.next_save = max(state.next_save, start)
+        ids = list(blocks.get_block_ids()[0]) if num_external_tokens > 0 else []
+        plans.plan_load(state.plan, state.request.all_token_ids, ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = AgentinfraConnectorMetadata()
@@ -510,9 +299,8 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             state = self._requests.get(new.req_id)
             if state is None:
                 continue
-            state.block_ids = list(new.block_ids[0])
-            self._take_load(state, new.req_id, meta)
-            self._plan_saves(
+            state.plan.block_ids = list(new.block_ids[0])
+            self._plan_step(
                 state, new.req_id, new.num_computed_tokens + scheduled[new.req_id], meta
             )
         cached = scheduler_output.scheduled_cached_reqs
@@ -522,45 +310,36 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             if state is None:
                 continue
             new_ids = cached.new_block_ids[index]
+            plans.take_new_block_ids(
+                state.plan, new_ids[0] if new_ids else None, is_resumed=req_id in resumed
+            )
             if req_id in resumed:
-                state.block_ids = list(new_ids[0]) if new_ids else []
                 log.info("AgentinfraConnector: request %s resumed after preemption", req_id)
-            elif new_ids:
-                state.block_ids += list(new_ids[0])
-            self._take_load(state, req_id, meta)
             computed = cached.num_computed_tokens[index] + scheduled.get(req_id, 0)
-            self._plan_saves(state, req_id, computed, meta)
+            self._plan_step(state, req_id, computed, meta)
         for req_id in getattr(scheduler_output, "preempted_req_ids", None) or ():
             state = self._requests.get(req_id)
             if state is not None:  # rescheduled later: ask the store again then
-                state.hits, state.lookup, state.pending_load = None, None, None
+                plans.forget_lookup(state.plan)
+                state.lookup = None
         return meta
 
-    def _take_load(self, state: _Request, req_id: str, meta: AgentinfraConnectorMetadata) -> None:
-        if state.pending_load is not None:
-            keys, ids = state.pending_load
-            meta.loads.append((req_id, keys, ids))
-            state.pending_load = None
-
-    def _plan_saves(
+    def _plan_step(
         self, state: _Request, req_id: str, computed: int, meta: AgentinfraConnectorMetadata
     ) -> None:
+        """This step's load and saves of one scheduled request, into the metadata."""
+        plan = state.plan
+        load = plans.take_load(plan)
+        if load is not None:
+            meta.loads.append((req_id, _raw(load.keys), load.block_ids))
         if not self.settings.save:
             return
-        full = min(
-            computed, len(state.request.all_token_ids), len(state.block_ids) * self.block_size
-        )
-        full //= self.block_size
-        if full <= state.next_save:
+        save = plans.plan_saves(plan, state.request.all_token_ids, computed)
+        if save is None:
             return
-        keys = self._keys(state, full)
-        new_keys = keys[state.next_save : full]
-        raw = [bytes(k) for k in new_keys]
-        meta.saves.append((req_id, raw, state.block_ids[state.next_save : full]))
-        state.saved.update(raw)
-        state.next_save = full
-        if state.session is not None:
-            self._hint(state.session, "add", new_keys)
+        meta.saves.append((req_id, _raw(save.keys), save.block_ids))
+        if plan.hint is not None:
+            self._hint(plan.hint.session, "add", save.keys)
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -568,16 +347,16 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         state = self._requests.pop(request.request_id, None)
         if state is None:
             return False, None
-        if state.session is not None:
-            if state.done:
-                self._hint(state.session, "close")
-            else:
-                self._hint(state.session, "end", ttl_s=self.settings.tool_wait_ttl_s)
-        if not state.saved:
+        finish = plans.finish_request(state.plan, tool_wait_ttl_s=self.settings.tool_wait_ttl_s)
+        if finish.hint is not None and finish.hint.ttl_s is not None:
+            self._hint(finish.hint.session, finish.hint.action, ttl_s=finish.hint.ttl_s)
+        elif finish.hint is not None:
+            self._hint(finish.hint.session, finish.hint.action)
+        if finish.held_keys is None:
             return False, None
         # The worker confirms (get_finished) once this request's PUTs are answered; until then
         # lookups of the same blocks wait, and vLLM holds the request's blocks (already copied out).
-        self._in_flight[request.request_id] = state.saved
+        self._in_flight[request.request_id] = finish.held_keys
         return True, None
 
     def _hint(
@@ -597,18 +376,16 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         layers = list(kv_caches.values())
         if not layers:
             return
-        shape = tuple(layers[0].shape)
-        dims = (
-            [i for i, size in enumerate(shape) if size == self.num_blocks]
-            if self.num_blocks
-            else [0]
+        dim = plans.block_dimension(
+            [tuple(t.shape) for t in layers], [str(t.dtype) for t in layers], self.num_blocks
         )
-        if not dims or any(tuple(t.shape) != shape or t.dtype != layers[0].dtype for t in layers):
+        shape = tuple(layers[0].shape)
+        if dim is None:
             raise ConfigError(
                 f"AgentinfraConnector cannot find the block dimension of KV caches shaped {shape} "
                 f"(num_blocks={self.num_blocks}); this attention backend is not supported"
             )
-        self._block_dim = dims[0]
+        self._block_dim = dim
         self._layers = layers
         log.info(
             "AgentinfraConnector: %d layers of KV %s, blocks on dim %d",
@@ -621,59 +398,63 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return layer.select(self._block_dim, block_id)
 
     def _native_shape(self) -> tuple[int, ...]:
-        """The block's sizes as the block format states them: (layers, 2, tokens, heads, head_size)."""
-        shape = (len(self._layers), 2, self.block_size, self.kv_heads, self.head_size)
-        inner = self._block(self._layers[0], 0).numel()
-        if (
-            inner != 2 * self.block_size * self.kv_heads * self.head_size
-        ):  # a padded layout: sizes only
-            shape = (len(self._layers), 2, self.block_size, 1, inner // (2 * self.block_size))
-        return shape
+        return plans.native_block_shape(
+            layers=len(self._layers), block_size=self.block_size, kv_heads=self.kv_heads,
+            head_size=self.head_size, block_elements=self._block(self._layers[0], 0).numel(),
+        )  # fmt: skip
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def _metadata(self) -> AgentinfraConnectorMetadata | None:
         if not self._layers or not self.has_connector_metadata():
-            return
+            return None
         meta = self._get_connector_metadata()
         assert isinstance(meta, AgentinfraConnectorMetadata)
-        for _req_id, raw_keys, block_ids in meta.loads:
-            started = time.perf_counter()
-            try:
-                blocks = self._get([BlockKey(k) for k in raw_keys])
-            except Exception:  # unreachable, dropped or timed out: recomputed, counted
-                blocks = []
-            fetched = time.perf_counter()
-            loaded = 0
-            for index, block_id in enumerate(block_ids):
-                if index < len(blocks) and self._copy_in(blocks[index], block_id):
-                    loaded += 1
-                    continue
-                self._load_errors.update(block_ids[index:])
-                break
-            self.counters.loaded_blocks += loaded
-            size = sum(b.header.payload_bytes for b in blocks[:loaded])
-            log.info(
-                "AgentinfraConnector: loaded %d blocks (%d bytes) for request %s: get %.4f s, copy %.4f s",
-                loaded, size, _req_id, fetched - started, time.perf_counter() - fetched,
+        return meta
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta = self._metadata()
+        if meta is None:
+            return
+        for req_id, raw_keys, block_ids in meta.loads:
+            self._load(req_id, [BlockKey(k) for k in raw_keys], block_ids)
+
+    def _load(self, req_id: str, keys: list[BlockKey], block_ids: list[int]) -> None:
+        """One request's GET, verified blocks copied in up to the first bad one; the rest reported."""
+        started = time.perf_counter()
+        try:
+            blocks = self._get(keys)
+        except Exception:  # unreachable, dropped or timed out: recomputed, counted
+            blocks = []
+        fetched = time.perf_counter()
+        loaded = 0
+        for index, block_id in enumerate(block_ids):
+            if index < len(blocks) and self._copy_in(blocks[index], block_id):
+                loaded += 1
+                continue
+            self._load_errors.update(block_ids[index:])
+            break
+        self.counters.loaded_blocks += loaded
+        size = sum(b.header.payload_bytes for b in blocks[:loaded])
+        log.info(
+            "AgentinfraConnector: loaded %d blocks (%d bytes) for request %s: get %.4f s, copy %.4f s",
+            loaded, size, req_id, fetched - started, time.perf_counter() - fetched,
+        )  # fmt: skip
+        if loaded < len(block_ids):
+            self.counters.load_errors += len(block_ids) - loaded
+            log.warning(
+                "AgentinfraConnector: %d of %d blocks of request %s did not load (missing, corrupt or "
+                "unreachable); vLLM recomputes them. load_errors=%d",
+                len(block_ids) - loaded, len(block_ids), req_id, self.counters.load_errors,
             )  # fmt: skip
-            if loaded < len(block_ids):
-                self.counters.load_errors += len(block_ids) - loaded
-                log.warning(
-                    "AgentinfraConnector: %d of %d blocks of request %s did not load (missing, corrupt or "
-                    "unreachable); vLLM recomputes them. load_errors=%d",
-                    len(block_ids) - loaded, len(block_ids), _req_id, self.counters.load_errors,
-                )  # fmt: skip
 
     def _get(self, keys: list[BlockKey]) -> list[Block]:
         return self.remote.call(lambda client: client.get(keys)).result(self.settings.timeout_s + 1)
 
     def _copy_in(self, block: Block, block_id: int) -> bool:
-        header = block.header
         first = self._block(self._layers[0], block_id)
-        expected = first.numel() * first.element_size() * len(self._layers)
-        if (
-            header.layout != LAYOUT_ENGINE_NATIVE
-            or header.payload_bytes != expected
-            or header.dtype != str(first.dtype).removeprefix("torch.")
+        if not plans.is_loadable(
+            block.header,
+            payload_bytes=first.numel() * first.element_size() * len(self._layers),
+            dtype=str(first.dtype).removeprefix("torch."),
         ):
             return False
         flat = torch.frombuffer(block.payload, dtype=torch.uint8).view(first.dtype)
@@ -692,45 +473,24 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         return  # whole blocks are copied out once the step's forward is done (wait_for_save)
 
     def wait_for_save(self) -> None:
-        if not self._layers or not self.has_connector_metadata():
+        meta = self._metadata()
+        if meta is None:
             return
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, AgentinfraConnectorMetadata)
-        items: list[tuple[BlockKey, bytes]] = []
-        shape = self._native_shape()
         requests = {req_id for req_id, raw_keys, _ in meta.saves if raw_keys}
-        with self._pending_lock:
-            for (
-                req_id
-            ) in requests:  # every request that had a save is confirmed once, at its finish
-                self._puts_of.setdefault(req_id, 0)
-        for _req_id, raw_keys, block_ids in meta.saves:
-            for raw, block_id in zip(raw_keys, block_ids, strict=True):
-                data = torch.stack([self._block(layer, block_id) for layer in self._layers])
-                key = BlockKey(raw)
-                items.append(
-                    (key, encode_block(key, data.reshape(shape), layout=LAYOUT_ENGINE_NATIVE))
-                )
+        with self._saves_lock:
+            self._saves.expect(requests)  # every request that had a save is confirmed once
+        items = self._copy_out(meta)
         if not items:
             return
         size = sum(len(data) for _, data in items)
-        with self._pending_lock:
-            if self._pending_bytes + size > self.settings.max_pending_mib * (1 << 20):
+        with self._saves_lock:
+            if not self._saves.admit(requests, size):
                 self.counters.dropped_saves += len(items)
                 return
-            self._pending_bytes += size
-            for req_id in requests:
-                self._puts_of[req_id] += 1
 
         def sent(future: Future[int]) -> None:
-            with self._pending_lock:
-                self._pending_bytes -= size
-                for req_id in requests:
-                    self._puts_of[req_id] -= 1
-                    if self._puts_of[req_id] == 0 and req_id in self._finished_unsent:
-                        self._finished_unsent.discard(req_id)
-                        del self._puts_of[req_id]
-                        self._sent.add(req_id)
+            with self._saves_lock:
+                self._saves.answered(requests, size)
             if future.exception() is None:
                 self.counters.saved_blocks += len(items)
             else:
@@ -738,18 +498,23 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
         self.remote.call(lambda client: client.put_encoded(items)).add_done_callback(sent)
 
+    def _copy_out(self, meta: AgentinfraConnectorMetadata) -> list[tuple[BlockKey, bytes]]:
+        """The step's saved blocks, copied out of the paged cache and encoded (engine-native layout)."""
+        items: list[tuple[BlockKey, bytes]] = []
+        shape = self._native_shape()
+        for _req_id, raw_keys, block_ids in meta.saves:
+            for raw, block_id in zip(raw_keys, block_ids, strict=True):
+                data = torch.stack([self._block(layer, block_id) for layer in self._layers])
+                key = BlockKey(raw)
+                items.append(
+                    (key, encode_block(key, data.reshape(shape), layout=LAYOUT_ENGINE_NATIVE))
+                )
+        return items
+
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Requests that finished and whose saves have all been answered (the scheduler delayed them)."""
-        with self._pending_lock:
-            for req_id in finished_req_ids:
-                if req_id not in self._puts_of:
-                    continue  # never saved anything: the scheduler freed it at once
-                if self._puts_of[req_id] == 0:
-                    del self._puts_of[req_id]
-                    self._sent.add(req_id)
-                else:
-                    self._finished_unsent.add(req_id)
-            done, self._sent = self._sent, set()
+        with self._saves_lock:
+            done = self._saves.finished(finished_req_ids)
         return (done or None), None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -758,7 +523,7 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         deadline = time.monotonic() + self.settings.timeout_s
-        while self._pending_bytes and time.monotonic() < deadline:
+        while self._saves.pending_bytes and time.monotonic() < deadline:
             time.sleep(0.01)
         log.info(
             "AgentinfraConnector %s counters: %s",
