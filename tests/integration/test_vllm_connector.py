@@ -429,3 +429,17 @@ def test_a_real_model_loads_its_prefix_from_the_store(server: ServerThread) -> N
     garbage, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
     assert garbage["cached_tokens"] == 992
     assert garbage["tokens"] != cold["tokens"]
+
+
+def test_the_old_module_path_still_loads_the_connector() -> None:
+    """Configs written before the move name ``agentinfra.kvcache.vllm``: vLLM finds the same class there."""
+    code = (
+        "import importlib; from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1;"
+        "old = getattr(importlib.import_module('agentinfra.kvcache.vllm'), 'AgentinfraConnector');"
+        "new = getattr(importlib.import_module('agentinfra.engines.vllm'), 'AgentinfraConnector');"
+        "print(old is new, issubclass(new, KVConnectorBase_V1), new.__module__)"
+    )
+    done = subprocess.run([str(VLLM_PYTHON), "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["True", "True", "agentinfra.engines._vllm"]
