@@ -256,10 +256,8 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     plan, keys, self._in_flight, now_s=time.monotonic(),
                     timeout_s=self.settings.lookup_timeout_s, counters=self.counters,
                 ):  # fmt: skip
-                    return (
-                        None,
-                        False,
-                    )  # ask again once the earlier request's blocks are on the server
+                    # ask again once the earlier request's blocks are on the server
+                    return None, False
                 state.lookup = self._lookup(plan, keys)
                 plans.begin_lookup(plan, now_s=time.monotonic(), counters=self.counters)
             is_answered = state.lookup.done()
@@ -348,10 +346,9 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         if state is None:
             return False, None
         finish = plans.finish_request(state.plan, tool_wait_ttl_s=self.settings.tool_wait_ttl_s)
-        if finish.hint is not None and finish.hint.ttl_s is not None:
-            self._hint(finish.hint.session, finish.hint.action, ttl_s=finish.hint.ttl_s)
-        elif finish.hint is not None:
-            self._hint(finish.hint.session, finish.hint.action)
+        if finish.hint is not None:
+            ttl: dict[str, Any] = {} if finish.hint.ttl_s is None else {"ttl_s": finish.hint.ttl_s}
+            self._hint(finish.hint.session, finish.hint.action, **ttl)
         if finish.held_keys is None:
             return False, None
         # The worker confirms (get_finished) once this request's PUTs are answered; until then
