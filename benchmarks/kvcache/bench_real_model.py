@@ -34,16 +34,8 @@ from typing import Any
 
 import openai
 
-from agentinfra.kvcache import (
-    SMOLLM2_NAME,
-    MemoryTier,
-    ServerThread,
-    TieredStore,
-    VllmServer,
-    smollm2_dir,
-    timed_chat,
-    vllm_python,
-)
+from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir, timed_chat, vllm_python
+from agentinfra.kvcache import MemoryTier, ServerThread, TieredStore
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (

@@ -4,7 +4,7 @@
 
 A random-weight Llama of the ~0.5B geometry the transformers demo uses (24
 layers, hidden 896, 14 heads, 2 KV heads, float32) is saved once; each figure
-is a fresh vLLM engine process (`agentinfra.kvcache._vllm_probe`: it warms up on
+is a fresh vLLM engine process (`agentinfra.engines._vllm_probe`: it warms up on
 an unrelated prompt, then times one greedy request; TTFT is vLLM's own
 ``first_token_latency``):
 
@@ -33,15 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.cli._kv_server import run_probe
-from agentinfra.kvcache import (
-    BlockKey,
-    CacheClient,
-    MemoryTier,
-    ServerThread,
-    TieredStore,
-    random_checkpoint,
-    vllm_python,
-)
+from agentinfra.engines import random_checkpoint, vllm_python
+from agentinfra.kvcache import BlockKey, CacheClient, MemoryTier, ServerThread, TieredStore
 
 _LOADED = re.compile(
     r"loaded (\d+) blocks \((\d+) bytes\) for request \S+: get ([0-9.]+) s, copy ([0-9.]+) s"

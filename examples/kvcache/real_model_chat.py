@@ -24,15 +24,8 @@ from typing import Any
 
 import openai
 
-from agentinfra.kvcache import (
-    SMOLLM2_NAME,
-    MemoryTier,
-    ServerThread,
-    TieredStore,
-    VllmServer,
-    smollm2_dir,
-    timed_chat,
-)
+from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir, timed_chat
+from agentinfra.kvcache import MemoryTier, ServerThread, TieredStore
 
 SYSTEM = (
     "You are a concise assistant for a GPU kernel engineering team. Answer in one or two sentences. "

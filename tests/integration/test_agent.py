@@ -457,7 +457,7 @@ def live_endpoint(
         yield (os.environ["LIVE_MODEL_URL"], os.environ["LIVE_MODEL_NAME"],
                os.environ.get("LIVE_MODEL_KEY_ENV", "OPENAI_API_KEY"))  # fmt: skip
         return
-    from agentinfra.kvcache import SMOLLM2_NAME, VllmServer, smollm2_dir
+    from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
 
     model = smollm2_dir(check=False)
     if not model.is_dir():

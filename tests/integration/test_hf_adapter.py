@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentinfra.engines import PrefixCachedModel, tiny_llama
 from agentinfra.errors import ConfigError
-from agentinfra.kvcache import (
-    DiskTier,
-    MemoryTier,
-    Namespace,
-    PrefixCachedModel,
-    TieredStore,
-    tiny_llama,
-)
+from agentinfra.kvcache import DiskTier, MemoryTier, Namespace, TieredStore
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from services import free_port
 
-from agentinfra.errors import TierUnavailableError
+from agentinfra.errors import ProtocolError, TierUnavailableError
 from agentinfra.kvcache import (
     CacheClient,
     MemoryTier,
     Namespace,
     Op,
-    ProtocolError,
     ServerConfig,
     ServerThread,
     Status,

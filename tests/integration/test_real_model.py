@@ -20,15 +20,8 @@ from typing import Any
 
 import pytest
 
-from agentinfra.kvcache import (
-    SMOLLM2_NAME,
-    MemoryTier,
-    ServerConfig,
-    ServerThread,
-    TieredStore,
-    VllmServer,
-    smollm2_dir,
-)
+from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
+from agentinfra.kvcache import MemoryTier, ServerConfig, ServerThread, TieredStore
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = smollm2_dir(check=False)

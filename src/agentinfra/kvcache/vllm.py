@@ -1,22 +1,6 @@
-"""The vLLM v1 KV connector, importable by vLLM as ``kv_connector_module_path: agentinfra.kvcache.vllm``.
+"""Old home of the vLLM connector, kept so configs with ``kv_connector_module_path: agentinfra.kvcache.vllm`` still load.
 
-Needs vLLM in the interpreter (the ``.venv/vllm`` of ``make vllm-venv``); the
-rest of `agentinfra.kvcache` does not import it. Design: `agentinfra.kvcache._vllm`
-and docs/decisions/0010-vllm-connector.md.
+The connector lives in `agentinfra.engines.vllm`; use that path in new configs.
 """
 
-from agentinfra.kvcache._vllm import (
-    AgentinfraConnector,
-    AgentinfraConnectorMetadata,
-    ConnectorCounters,
-    ConnectorSettings,
-    layout_label,
-)
-
-__all__ = [
-    "AgentinfraConnector",
-    "AgentinfraConnectorMetadata",
-    "ConnectorCounters",
-    "ConnectorSettings",
-    "layout_label",
-]
+from agentinfra.engines.vllm import AgentinfraConnector as AgentinfraConnector

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentinfra.kvcache import Op, ProtocolError, Status, tenant_key
+from agentinfra.errors import ProtocolError
+from agentinfra.kvcache import Op, Status
 from agentinfra.kvcache._protocol import (
     HEADER,
     block_prefix,
@@ -28,6 +29,7 @@ from agentinfra.kvcache._protocol import (
     encode_u32,
     parse_header,
 )
+from agentinfra.kvcache._server import tenant_key
 
 GOLDEN = json.loads((Path(__file__).parents[2] / "fixtures" / "kv_protocol_v1.json").read_text())[
     "frames"

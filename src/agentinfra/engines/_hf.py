@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentinfra.errors import ConfigError
-from agentinfra.kvcache._block import Block, encode_block
-from agentinfra.kvcache._keys import BlockKey, Namespace, block_keys
+from agentinfra.kvcache import Block, BlockKey, Namespace, block_keys, encode_block
 
 if TYPE_CHECKING:
     import torch

@@ -1,6 +1,6 @@
 """One vLLM engine, one prompt: run with vLLM's interpreter, prints one JSON line.
 
-    .venv/vllm/bin/python -m agentinfra.kvcache._vllm_probe --model DIR [--port P] [--tokens N] ...
+    .venv/vllm/bin/python -m agentinfra.engines._vllm_probe --model DIR [--port P] [--tokens N] ...
 
 The engine is real (``vllm.LLM``, its engine core in its own process) with the
 `AgentinfraConnector` pointed at ``--port`` (or no connector with
@@ -71,7 +71,7 @@ def main() -> None:
     elif not args.no_connector:
         transfer = {
             "kv_connector": "AgentinfraConnector",
-            "kv_connector_module_path": "agentinfra.kvcache.vllm",
+            "kv_connector_module_path": "agentinfra.engines.vllm",
             "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {

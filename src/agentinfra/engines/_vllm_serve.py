@@ -73,7 +73,7 @@ def smollm2_dir(*, check: bool = True) -> Path:
 def hermes_chat_template() -> Path:
     """ChatML with Hermes-style tools (``<tool_call>`` JSON), for SmolLM2 and other small ChatML models."""
     return Path(
-        str(resources.files("agentinfra.kvcache") / "templates" / "chatml_hermes_tools.jinja")
+        str(resources.files("agentinfra.engines") / "templates" / "chatml_hermes_tools.jinja")
     )
 
 
@@ -166,7 +166,7 @@ class VllmServer:
             args += ["--reasoning-parser", "minimax_m2", "--tool-call-parser", "minimax_m2",
                      "--enable-auto-tool-choice"]  # fmt: skip
         if kv_url is not None:
-            transfer = {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.kvcache.vllm",
+            transfer = {"kv_connector": "AgentinfraConnector", "kv_connector_module_path": "agentinfra.engines.vllm",
                         "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                         "kv_connector_extra_config": {"url": kv_url}}  # fmt: skip
             args += ["--kv-transfer-config", json.dumps(transfer)]
