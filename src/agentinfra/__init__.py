@@ -1,7 +1,7 @@
 """agentinfra: infrastructure for running AI agents at scale.
 
 Importing the package stays cheap: it holds the version only. Components live in
-subpackages (`kvcache`, `harness`, `environments`, `agent`, `cli`).
+subpackages (`kvcache`, `engines`, `sandbox`, `environments`, `agent`, `harness`, `cli`).
 """
 
 __version__ = "0.1.0"

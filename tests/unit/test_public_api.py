@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 import pytest
+
+import agentinfra
 
 EXPECTED: dict[str, list[str]] = {
     "agentinfra": ["__version__"],
@@ -269,3 +272,25 @@ def test_all_is_pinned_and_sorted(module_name: str) -> None:
     assert exported == sorted(exported)
     for name in exported:
         assert hasattr(module, name), f"{module_name}.__all__ names missing {name}"
+
+
+REGISTRY_NAMES = {"ENVIRONMENT", "GRADER_VERSION", "SCORE"}
+"""What every environment package defines for the registry: the same names, each its own object."""
+
+
+def test_every_package_is_pinned() -> None:
+    packages = {
+        info.name
+        for info in pkgutil.walk_packages(agentinfra.__path__, "agentinfra.")
+        if info.ispkg or info.name == "agentinfra.errors"
+    }
+    assert packages | {"agentinfra"} == set(EXPECTED)
+
+
+def test_no_name_is_exported_from_two_packages() -> None:
+    owners: dict[str, list[str]] = {}
+    for module_name, names in EXPECTED.items():
+        for name in names:
+            owners.setdefault(name, []).append(module_name)
+    twice = {name: where for name, where in owners.items() if len(where) > 1}
+    assert set(twice) <= REGISTRY_NAMES, f"exported from two packages: {twice}"
