@@ -172,8 +172,8 @@ def test_desktop_mirror_reaches_the_run_and_its_environment(tmp_path: Path) -> N
 def test_interpreters_reach_their_launchers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentinfra.environments.desktop._session import desktop_python
     from agentinfra.engines import vllm_python
+    from agentinfra.environments.desktop._session import desktop_python
 
     python = tmp_path / "python"
     python.write_text("")
