@@ -1,7 +1,9 @@
-"""Helpers for service tests: free ports, real `redis-server` processes (`.ci/run` installs Redis)."""
+"""Helpers for integration tests: free ports, real `redis-server` processes (`.ci/run` installs Redis),
+and the processes running under the sandbox's uids (leak checks)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -9,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from agentinfra.sandbox import UID_RANGE
 
 
 def free_port() -> int:
@@ -63,3 +67,17 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
     process.wait(10)
+
+
+def sandboxed_processes() -> set[tuple[int, int]]:
+    """(pid, uid) of every process running under one of the sandbox's uids."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                uid = os.stat(f"/proc/{entry}").st_uid
+            except OSError:
+                continue
+            if UID_RANGE[0] <= uid < UID_RANGE[1]:
+                found.add((int(entry), uid))
+    return found

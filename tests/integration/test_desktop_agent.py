@@ -11,33 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import sandboxed_processes
 
 from agentinfra.agent import EndpointLimiter, LoopConfig, ScriptedModelServer
 from agentinfra.environments.desktop import load_desktop_task
 from agentinfra.environments.desktop._agent import ActionLog, read_actions
 from agentinfra.environments.desktop._policy import CALC_PLANS, CHEAT_PLAN, DesktopPolicy
 from agentinfra.harness import RunDirectory, agent_run_spec, run_agents
-from agentinfra.sandbox import UID_RANGE
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
 MODEL = "scripted-vision"
 
 pytestmark = pytest.mark.slow
-
-
-def sandboxed_processes() -> set[tuple[int, int]]:
-    """(pid, uid) of every process running under one of the sandbox's uids."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = os.stat(f"/proc/{entry}").st_uid
-            except OSError:
-                continue
-            if UID_RANGE[0] <= uid < UID_RANGE[1]:
-                found.add((int(entry), uid))
-    return found
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from services import sandboxed_processes
 
 from agentinfra.environments import Outcome, Submission
 from agentinfra.environments.kernels import (
@@ -60,16 +61,7 @@ def grade_files(problem: Path, submission: Path, options: GradeOptions) -> Verdi
 
 
 def sandbox_uids() -> set[int]:
-    uids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = os.stat(f"/proc/{entry}").st_uid
-            except OSError:
-                continue
-            if 200_000 <= uid < 260_000:
-                uids.add(uid)
-    return uids
+    return {uid for _, uid in sandboxed_processes()}
 
 
 @pytest.mark.slow
