@@ -23,6 +23,7 @@ per-journal lock, and the write itself holds a per-journal thread lock that also
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
@@ -237,7 +238,11 @@ class Journal:
             try:
                 return await asyncio.shield(write)
             except asyncio.CancelledError:
-                await asyncio.wait({write})  # hold the queue until the write has ended
+                while (
+                    not write.done()
+                ):  # hold the queue until the write has ended, even if cancelled again
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.wait({write})
                 raise
 
     def _async_queue(self) -> asyncio.Lock:
@@ -248,6 +253,8 @@ class Journal:
         return self._queue[1]
 
     def _write(self, type_: str, data: dict[str, Any] | None) -> Event:
+        if self._fd < 0:  # closed while this write waited in the pool: never a reused descriptor
+            raise self.error_class(f"journal {self.path} is closed; nothing was written")
         event = Event(len(self.events), time.time(), time.monotonic(), type_, data or {})
         line = event.to_line()
         try:
@@ -271,4 +278,6 @@ class Journal:
 
     def close(self) -> None:
         with self._write_lock:  # not under a write still running in the pool
-            os.close(self._fd)
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1

@@ -156,6 +156,33 @@ def test_a_cancelled_append_holds_the_queue_until_its_write_ends(
     assert _records(tmp_path / "j.jsonl") == [(0, "first", {}), (1, "second", {})]
 
 
+def test_a_write_queued_behind_close_fails_instead_of_using_a_reused_descriptor(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        journal = Journal.open(tmp_path / "j.jsonl", executor=pool)
+        pool.submit(gate.wait)  # the pool's one thread is busy: the append waits in its queue
+
+        async def go() -> str:
+            append = asyncio.create_task(journal.append_async("late"))
+            await asyncio.sleep(0.05)
+            journal.close()
+            other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)  # may take the old number
+            gate.set()
+            try:
+                with pytest.raises(AgentInfraError) as caught:
+                    await append
+            finally:
+                os.close(other)
+            return str(caught.value)
+
+        message = asyncio.run(go())
+    assert message == f"journal {tmp_path / 'j.jsonl'} is closed; nothing was written"
+    assert (tmp_path / "other").read_bytes() == b""
+    assert Journal.read(tmp_path / "j.jsonl") == []
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12 warns about fork with threads
 def test_a_forked_child_gets_a_pool_of_its_own(tmp_path: Path) -> None:
     parent = Journal.open(tmp_path / "parent.jsonl")

@@ -78,7 +78,7 @@ _CLUSTER_HELP = (
 
 def _serve(run: RunDirectory, eval_workers: int, watch: Path | None, cluster: str | None) -> None:
     harness = RunHarness(run, open_environment(run.spec), eval_workers=eval_workers,
-                         executor=make_executor(cluster))  # fmt: skip
+                         executor=make_executor(cluster) if cluster else None)  # fmt: skip
     requeued = harness.recover()
     if requeued:
         err.print(f"resuming: {len(requeued)} submission(s) re-queued for grading")

@@ -158,7 +158,7 @@ async def run_agent(
 
     async def submit(submission: Submission) -> str:
         name = submission.name
-        receipt = harness.submit(
+        receipt = await harness.submit_async(
             submission, source=f"agent:{name}", turn=loop.turn if loop else None
         )
         state.submissions = len(harness.state.received)

@@ -2,10 +2,14 @@
 
 Steps: `recover` (replay the journal: re-enqueue what was received but not graded,
 adopt verdicts written just before a crash), `submit` (store content-addressed,
-journal, enqueue), the grading workers (a bounded pool), `ingest_inbox` (files
+journal, enqueue; `submit_async` from the event loop), the grading workers (a bounded pool), `ingest_inbox` (files
 dropped by ``agentinfra submit`` or a watched directory), `serve` (all of it until
 the budget ends or a finish marker arrives, then drain), `grade_again` (regrade and
 re-measure: the same pool, executor and failure rule, the verdicts for the caller to file).
+
+Journal writes and evaluation files from the event loop (agents' submissions, the
+workers' ``grading_started`` and ``graded``, machine samples) are fsync'd in the
+journal's bounded executor, never on the loop that all agents share.
 
 The failure rule: an evaluation that raises (anything but the harness's own
 `HarnessError`) is that submission's ``grader_error`` verdict; the run goes on.
@@ -20,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentinfra.environments import Environment, Evaluation, Outcome, Submission
 from agentinfra.errors import HarnessError
@@ -40,6 +45,7 @@ MACHINE_SAMPLE_S = 5.0
 environment's ``device`` attribute where it has one (NVML for cuda), else the CPU."""
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def graded_score(data: dict[str, Any]) -> float | None:
@@ -103,6 +109,7 @@ class RunHarness:
         self.progress: ProgressTracker | None = None
         """Told when each grading starts and ends (replay-run's progress line)."""
         self._queued: set[str] = set()
+        self._store_lock = threading.Lock()
 
     # -- time ----------------------------------------------------------------------
 
@@ -140,6 +147,33 @@ class RunHarness:
     def submit(self, submission: Submission, *, source: str, turn: int | None = None,
                submitted_at_s: float | None = None, note: str = "") -> Receipt:  # fmt: skip
         """Stores, journals (durably) and enqueues one submission."""
+        receipt = self._store(submission, source, turn, submitted_at_s, note)
+        if receipt.is_new:
+            self._enqueue(receipt.sha256)
+        return receipt
+
+    async def submit_async(self, submission: Submission, *, source: str, turn: int | None = None,
+                           submitted_at_s: float | None = None, note: str = "") -> Receipt:  # fmt: skip
+        """`submit` for a caller on the event loop: storing it and the journal's fsync run
+        in the journal's bounded executor, so other agents on the loop are not held up."""
+        receipt = await self._off_loop(self._store, submission, source, turn, submitted_at_s, note)
+        if receipt.is_new:
+            self._enqueue(receipt.sha256)
+        return receipt
+
+    async def _off_loop(self, function: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(
+            self.run.journal.executor, function, *args
+        )
+
+    def _store(self, submission: Submission, source: str, turn: int | None,
+               submitted_at_s: float | None, note: str) -> Receipt:  # fmt: skip
+        """Stores and journals one submission (any thread; one at a time), not yet queued."""
+        with self._store_lock:
+            return self._store_locked(submission, source, turn, submitted_at_s, note)
+
+    def _store_locked(self, submission: Submission, source: str, turn: int | None,
+                      submitted_at_s: float | None, note: str) -> Receipt:  # fmt: skip
         at = self.run_time_s() if submitted_at_s is None else submitted_at_s
         stored = self.run.store_submission(
             submission, {"turn": turn, "source": source, "submitted_at_s": at}
@@ -161,7 +195,6 @@ class RunHarness:
         }
         event = self.run.journal.append("submission_received", payload)
         self.state.received[stored.sha256] = {**payload, "seq": event.seq}
-        self._enqueue(stored.sha256)
         return Receipt(stored.sha256, True, event.seq)
 
     async def evaluate(self, sha: str) -> Evaluation:
@@ -193,22 +226,35 @@ class RunHarness:
             return
         self.in_flight.add(sha)
         try:
-            self.run.journal.append(
+            await self.run.journal.append_async(
                 "grading_started",
                 {"sha256": sha, "grader_version": version, "workers": self.eval_workers},
             )
             if self.progress is not None:
                 self.progress.begin(sha)
             evaluation = await self.evaluate(sha)
-            self.run.write_evaluation(sha, version, evaluation)
-            self._journal_graded(sha, evaluation)
+            await self._file(sha, evaluation)
             if self.progress is not None:
                 self.progress.finish(sha)
         finally:
             self.in_flight.discard(sha)
 
+    async def _file(self, sha: str, evaluation: Evaluation) -> None:
+        """Writes the evaluation and journals ``graded``, both off the event loop, in that order."""
+        await self._off_loop(
+            self.run.write_evaluation, sha, self.environment.grader_version, evaluation
+        )
+        data = self._graded_event(sha, evaluation)
+        await self.run.journal.append_async("graded", data)
+        self._graded(sha, data, evaluation)
+
     def _journal_graded(self, sha: str, evaluation: Evaluation) -> None:
-        data = {
+        data = self._graded_event(sha, evaluation)
+        self.run.journal.append("graded", data)
+        self._graded(sha, data, evaluation)
+
+    def _graded_event(self, sha: str, evaluation: Evaluation) -> dict[str, Any]:
+        return {
             "sha256": sha,
             "grader_version": self.environment.grader_version,
             "outcome": evaluation.outcome.value,
@@ -216,7 +262,8 @@ class RunHarness:
             "score": evaluation.score,
             "score_unit": evaluation.score_unit,
         }
-        self.run.journal.append("graded", data)
+
+    def _graded(self, sha: str, data: dict[str, Any], evaluation: Evaluation) -> None:
         self.state.graded[sha] = data
         if self.on_graded is not None:
             self.on_graded(sha, self.environment.agent_view(evaluation))
@@ -230,9 +277,7 @@ class RunHarness:
                 raise
             except Exception as exc:  # filing the verdict failed: the failure rule still holds
                 logger.exception("grading %s failed", sha[:12])
-                failed = self._grader_error(exc)
-                self.run.write_evaluation(sha, self.environment.grader_version, failed)
-                self._journal_graded(sha, failed)
+                await self._file(sha, self._grader_error(exc))
             finally:
                 self.queue.task_done()
 
@@ -328,7 +373,7 @@ class RunHarness:
         device = str(getattr(self.environment, "device", "") or "cpu")
         sampler = MachineSampler("cuda" if device.startswith("cuda") else "cpu")
         while True:
-            sampler.journal_to(self.run.journal.append)
+            await self._off_loop(sampler.journal_to, self.run.journal.append)
             await asyncio.sleep(MACHINE_SAMPLE_S)
 
     async def drain(self) -> None:

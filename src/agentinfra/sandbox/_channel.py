@@ -88,8 +88,14 @@ class JailedProcess:
         to_read, to_write = os.pipe()
         from_read, from_write = os.pipe()
         try:
-            with open(stderr_path, "wb") as stderr:
-                process = spawn((to_read, from_write), stderr.fileno())
+            # Appending, so that an owner who empties the file to bound it keeps it small.
+            stderr = os.open(
+                stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
+            )
+            try:
+                process = spawn((to_read, from_write), stderr)
+            finally:
+                os.close(stderr)
         except BaseException:
             for fd in (to_write, from_read):
                 os.close(fd)

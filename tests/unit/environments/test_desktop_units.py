@@ -361,6 +361,45 @@ def test_the_session_speaks_json_lines_on_the_event_loop(tmp_path: Path) -> None
     assert reaped
 
 
+def test_a_request_cancelled_mid_exchange_stops_the_session_from_reading_its_reply(
+    tmp_path: Path,
+) -> None:
+    async def talk() -> str:
+        async with await _fake_session(tmp_path) as session:
+            slow = asyncio.create_task(session.request("slow", timeout_s=60))
+            await asyncio.sleep(0.3)  # the request is sent; its reply would come later
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            with pytest.raises(ControllerError) as caught:
+                await session.request("ping", timeout_s=10)
+            return str(caught.value)
+
+    assert asyncio.run(talk()) == (
+        "desktop controller is out of step: a slow request was cancelled mid-exchange "
+        "(request 'ping'); restart the desktop"
+    )
+
+
+def test_the_controllers_stderr_file_is_bounded(tmp_path: Path) -> None:
+    from agentinfra.environments.desktop import _session
+
+    path = tmp_path / "controller.stderr"
+    with open(path, "ab") as handle:  # as the channel opens it: appending
+        handle.write(b"x" * (_session._STDERR_CAP_BYTES + 1))
+        handle.flush()
+        _session._bound_stderr(path)
+        assert path.stat().st_size == 0
+        handle.write(b"after")
+        handle.flush()
+    _session._bound_stderr(path)
+    assert path.read_bytes() == b"after"
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    _session._bound_stderr(link)  # never through a link
+    assert path.read_bytes() == b"after"
+
+
 def test_the_session_caps_a_reply_and_says_when_the_controller_ends(tmp_path: Path) -> None:
     async def talk() -> list[str]:
         errors = []

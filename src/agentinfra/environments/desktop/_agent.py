@@ -207,9 +207,11 @@ class DesktopAgent:
         await session.start()
         for step in self.task.config:
             await run_setup_step(session, step, self.mirror)
-        journalled = [ActionLog.entry(event) for event in self._action_log().events]
+        log = await asyncio.to_thread(self._action_log)  # opening may convert an old log
+        journalled = [ActionLog.entry(event) for event in log.events]
         if not journalled:
-            self._log({"setup": True, "files": await asyncio.to_thread(self._file_states, session)})
+            files = await asyncio.to_thread(self._file_states, session)
+            await asyncio.to_thread(self._log, {"setup": True, "files": files})
         await self._replay(session, executed_actions(journalled))
 
     def _file_states(self, session: DesktopSession) -> dict[str, str | None]:

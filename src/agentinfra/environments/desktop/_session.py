@@ -171,6 +171,7 @@ class DesktopSession:
         self._lock = -1
         self.channel: JailedProcess | None = None
         self._turn = asyncio.Lock()
+        self._cancelled_during: str | None = None
         self.started_s = 0.0
         self.last_screenshot_s = 0.0
         self.closed = False
@@ -271,20 +272,35 @@ class DesktopSession:
             raise ControllerError(f"desktop is not running (request {op!r})")
         timeout = self.config.request_timeout_s if timeout_s is None else timeout_s
         async with self._turn:  # one request on the pipes at a time
-            try:
-                await channel.send_async(
-                    json.dumps({"op": op, **fields}).encode() + b"\n",
-                    deadline=time.monotonic() + timeout,
+            if self._cancelled_during is not None:
+                raise ControllerError(
+                    f"desktop controller is out of step: a {self._cancelled_during} request was "
+                    f"cancelled mid-exchange (request {op!r}); restart the desktop"
                 )
-            except ChannelClosedError as exc:
-                raise ControllerError(
-                    f"desktop controller is gone ({op}): {self._stderr()}"
-                ) from exc
-            except ChannelTimeoutError as exc:
-                raise ControllerError(
-                    f"desktop controller did not answer {op} within {timeout:.0f} s"
-                ) from exc
-            line = await self._read_line(channel, timeout, op)
+            try:
+                return await self._exchange(channel, op, timeout, fields)
+            except asyncio.CancelledError:
+                # Half a request may be in the pipe, or its reply unread: the next
+                # request would take that reply for its own, so none is sent.
+                self._cancelled_during = op
+                raise
+
+    async def _exchange(
+        self, channel: JailedProcess, op: str, timeout: float, fields: dict[str, Any]
+    ) -> dict[str, Any]:
+        try:
+            await channel.send_async(
+                json.dumps({"op": op, **fields}).encode() + b"\n",
+                deadline=time.monotonic() + timeout,
+            )
+        except ChannelClosedError as exc:
+            raise ControllerError(f"desktop controller is gone ({op}): {self._stderr()}") from exc
+        except ChannelTimeoutError as exc:
+            raise ControllerError(
+                f"desktop controller did not answer {op} within {timeout:.0f} s"
+            ) from exc
+        line = await self._read_line(channel, timeout, op)
+        _bound_stderr(channel.stderr_path)
         try:
             reply = json.loads(line)
         except ValueError as exc:
@@ -365,3 +381,20 @@ class DesktopSession:
 
     def remove(self) -> None:
         shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+_STDERR_CAP_BYTES = 4 << 20
+"""The most the controller's stderr file (the agent's code writes there too) keeps on the host."""
+
+
+def _bound_stderr(path: Path) -> None:
+    """Empties the controller's stderr file once it passes `_STDERR_CAP_BYTES` (it is opened for appending)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        if os.fstat(fd).st_size > _STDERR_CAP_BYTES:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)

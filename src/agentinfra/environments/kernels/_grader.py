@@ -10,7 +10,7 @@ modules return. Where each part lives:
 - `_timing_pool`: the pool's memfds, seals, per-batch copies and descriptor sockets;
 - `_worker_calls`: requests to the two workers, and who is blamed when one fails;
 - `_process_state`: what lives across gradings (trusted caches, CPU claims, GC pause, uids);
-- `_sandbox` and `_worker`: the worker processes, outside and inside the jail.
+- `_workers` and `_worker`: the worker processes, outside and inside the jail.
 
 Threat model. The submission is an attacker that knows this code.
 

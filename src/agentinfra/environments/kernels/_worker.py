@@ -28,7 +28,7 @@ FLOP/s and bandwidth), ``exit``.
 
 Why one file of about 600 lines, unlike the supervisor's modules: it is the one program
 that runs inside the jail, and the jail's root holds exactly the modules it needs
-(`_sandbox.worker_jail` binds this file and `_wire.py`; the fork server preloads the
+(`_workers.worker_jail` binds this file and `_wire.py`; the fork server preloads the
 same two). Every module split off would join that allowlist and the preload, and so
 what each candidate can read; one file keeps the in-jail program and its view whole.
 """
