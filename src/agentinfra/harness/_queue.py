@@ -170,32 +170,28 @@ class RunHarness:
                submitted_at_s: float | None, note: str) -> Receipt:  # fmt: skip
         """Stores and journals one submission (any thread; one at a time), not yet queued."""
         with self._store_lock:
-            return self._store_locked(submission, source, turn, submitted_at_s, note)
-
-    def _store_locked(self, submission: Submission, source: str, turn: int | None,
-                      submitted_at_s: float | None, note: str) -> Receipt:  # fmt: skip
-        at = self.run_time_s() if submitted_at_s is None else submitted_at_s
-        stored = self.run.store_submission(
-            submission, {"turn": turn, "source": source, "submitted_at_s": at}
-        )
-        if stored.sha256 in self.state.received:
-            event = self.run.journal.append(
-                "duplicate_submission",
-                {"sha256": stored.sha256, "source": source, "turn": turn, "submitted_at_s": at},
+            at = self.run_time_s() if submitted_at_s is None else submitted_at_s
+            stored = self.run.store_submission(
+                submission, {"turn": turn, "source": source, "submitted_at_s": at}
             )
-            return Receipt(stored.sha256, False, event.seq)
-        payload = {
-            "sha256": stored.sha256,
-            "source": source,
-            "turn": turn,
-            "submitted_at_s": at,
-            "bytes": len(submission.data),
-            "name": submission.name,
-            "note": note,
-        }
-        event = self.run.journal.append("submission_received", payload)
-        self.state.received[stored.sha256] = {**payload, "seq": event.seq}
-        return Receipt(stored.sha256, True, event.seq)
+            if stored.sha256 in self.state.received:
+                event = self.run.journal.append(
+                    "duplicate_submission",
+                    {"sha256": stored.sha256, "source": source, "turn": turn, "submitted_at_s": at},
+                )
+                return Receipt(stored.sha256, False, event.seq)
+            payload = {
+                "sha256": stored.sha256,
+                "source": source,
+                "turn": turn,
+                "submitted_at_s": at,
+                "bytes": len(submission.data),
+                "name": submission.name,
+                "note": note,
+            }
+            event = self.run.journal.append("submission_received", payload)
+            self.state.received[stored.sha256] = {**payload, "seq": event.seq}
+            return Receipt(stored.sha256, True, event.seq)
 
     async def evaluate(self, sha: str) -> Evaluation:
         """One evaluation of stored submission ``sha`` through the executor, under the failure rule.
