@@ -3,49 +3,97 @@
 Threat model
 ============
 The agent controls everything inside its desktop: on the ``code`` track it runs
-any code as the desktop user; on the ``gui-only`` track only pyautogui input
-calls reach the desktop, but through them it can drive a terminal. Its goal may
-be a score it did not earn.
+any code as the desktop user (and can patch the in-jail controller); on the
+``gui-only`` track only pyautogui input calls reach the desktop, but through them
+it can drive a terminal. Its goal may be a score it did not earn. Three parties
+take part, each in its own jail with its own uid: the desktop (the agent), the
+probe (whatever a check executes: anything the agent could have written), and
+the grading jail (the code that sees the gold).
 
 Covered:
 
-* **Checks run on a frozen snapshot, outside the sandbox.** After the actions
-  and the task's ``postconfig``, every process of the episode is killed (its
-  pid namespace dies with the jail's pid 1; the uid is swept), then the home is
-  copied: regular files and directories only, no link followed, read-only. A
-  background process left behind cannot change the snapshot: none is alive.
-* **Getters and metrics run in a grading jail**: another reserved uid, no
+* **The freeze comes first.** When the episode ends (DONE, FAIL, the budget, a
+  crash, an action past its time limit), every process of the desktop's uid is
+  stopped (SIGSTOP) before anything else; the supervisor records the facts the
+  grader needs (the process list) from the host's ``/proc``, not through the
+  controller; every process started after setup is killed; only the setup's own
+  applications are resumed, for the postconfig steps that must act on them (save,
+  close a window). Then the jail dies (its pid namespace with its pid 1; the uid
+  is swept) and the home is copied. No process of the agent is alive when
+  postconfig runs, when the copy is made, or when the checks run.
+* **Downloads never touch the live home.** A postconfig ``download`` (a checker,
+  the gold) is written from the mirror into the frozen snapshot, in the grader's
+  space, following no symbolic link at any component; whatever the agent left at
+  that path is replaced by the mirror's bytes. A task whose live postconfig step
+  follows a download is unsupported (its effect would depend on the download).
+* **The snapshot keeps what matters and says what it drops.** Symbolic links are
+  kept as links (never followed, by the copy or by the grader: a file getter
+  whose real path leaves the home reads as no file); permission bits are recorded
+  in the manifest and restored in the probe's copy, while contents stay readable
+  to the grader; sparse files stay sparse; the walk has a depth bound and no
+  recursion limit. A budget overrun or a chain past the depth bound is a blocking
+  finding (score 0), never a silent drop: a file cannot be hidden by crowding it
+  out.
+* **What a check executes runs in the probe jail** (`_probe.py`): its own uid, a
+  fresh pid namespace per command (it can neither see nor ptrace the grader, nor
+  prepare the next command), no network, a private writable copy of the snapshot
+  at ``/home/user`` made afresh per command, the desktop's system view
+  (``/usr``, ``/etc/alternatives``, fonts; so ``awk``, ``which``, ``vi`` and the
+  gsettings schemas resolve as in the desktop, and ``gsettings`` reads the
+  episode's dconf database from the copy), the recorded facts read-only, and
+  never ``/expected``, the mirror or the task. Interpreters start isolated:
+  Python as ``python -I`` (no user site, no ``.pth``/``usercustomize`` from the
+  home, no ``PYTHON*`` variables, no script folder on ``sys.path``), bash without
+  profiles, in a clean environment (``SHELL``, ``HOME``, ``USER``, ``PATH`` as in
+  the desktop, less its virtual environment). Only stdout comes back, at most
+  1 MiB and 30 s per command (90 s in all); a command cut short counts as no
+  output and is a finding.
+* **The grading jail executes nothing from the home**: another reserved uid, no
   network, the snapshot read-only at ``/home/user``, the expected files at
-  ``/expected``, the grader's own Python and the system's binaries with
-  ``PATH=/usr/bin:/bin``. ``vm_command_line`` commands run there, without a
-  shell profile (``bash --noprofile --norc``) and without the home's programs on
-  the PATH: an ``echo`` in ``.bashrc`` or a stub program named like the one a
-  check runs answers nothing. Parsing an adversarial file (xlsx, docx, pptx,
-  pdf) happens in that jail, not in the trusted process.
-* **Gold never enters the sandbox.** The task JSON, the mirror and the expected
-  files are never mounted in the desktop's jail; downloads are copied in through
-  the controller. ``cloud_file`` reads the mirror directly (each grading copies
-  what it needs into its own expected folder), so a file the agent plants in a
-  cache is never read as "expected".
+  ``/expected``, the grader's own Python and libraries, no ``PATH``. Commands'
+  outputs arrive as values. Parsing an adversarial file (xlsx, docx, pptx, pdf)
+  happens there, not in the trusted process.
+* **Gold never enters the desktop or the probe.** The task JSON, the mirror and
+  the expected files are never mounted in either; ``cloud_file`` reads the
+  mirror directly (each grading copies what it needs into its own expected
+  folder), so a file the agent plants in a cache is never read as "expected".
+* **Always one verdict.** A postconfig step that fails is ``failed`` with a
+  ``postconfig_failed`` finding naming the step; a failed task setup is
+  ``grader_error`` with a ``task_setup`` finding blaming the task; an action past
+  its time limit is a finding and the episode is graded as it stands; every
+  episode finding is copied into the verdict and any blocking one makes it
+  ``failed`` with score 0.
 * **gui-only track**: code other than pyautogui input calls and ``time.sleep``
   with literal arguments is refused before it reaches the desktop (so the graded
   file cannot be written by code); each refusal is a finding and in the log.
-* **FAIL**: scores 1 only on an infeasible task and only as the last action; on a
-  feasible task it scores 0 (OSWorld's rule). The audit runs a FAIL-only and a
+* **FAIL is the last action or it is nothing**: it scores 1 only on an
+  infeasible task and only as the last action; actions after it are refused with
+  a finding and the episode does not count as having answered FAIL; on a feasible
+  task FAIL scores 0 (OSWorld's rule). The audit runs a FAIL-only and a
   do-nothing episode per task, so a task that a lazy agent passes is flagged.
+* **Honest loading**: a check that needs a fact of the live desktop the episode
+  does not give the probe (the process list, installed packages, the display,
+  paths outside the home such as ``/`` or ``/tmp``) makes the task unsupported
+  with the reason, rather than answered by the probe's own empty world.
 
 Not covered:
 
 * The ``accessibility_tree`` getter reads the live desktop (before the freeze),
   through the controller the agent shares a uid with; on the ``code`` track the
   agent could forge it. Findings say so when a task uses it.
+* What a check executes is still the agent's world: a ``bash ~/eval.sh`` whose
+  script the agent wrote (and no postconfig replaces) answers what the agent
+  likes. The probe keeps it from the gold and the grader, not from its own home;
+  a task should check files or run a checker that postconfig downloads.
+* The recorded process list is not yet read by any check (``ps`` checks are
+  unsupported); installed packages are not recorded.
 * Observations (screenshots, trees) come from inside the desktop and are the
   agent's own view; nothing is graded from them.
 * A GUI-driven terminal is a GUI: on the ``gui-only`` track an agent can still
   type a shell command into xterm. The track limits action *code*, not what the
   applications on the desktop can do.
 * Side channels between concurrent episodes on one machine (CPU, memory
-  pressure) and kernel exploits against the namespaces.
+  pressure) and kernel exploits against the namespaces (no seccomp filter).
 """
 
 from __future__ import annotations
