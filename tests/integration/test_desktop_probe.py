@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +163,39 @@ def test_episode_findings_and_setup_errors_make_one_verdict(tmp_path: Path) -> N
     broken = _grade(tmp_path, task, {}, setup_error="setup step 0 (execute) exited 1")
     assert broken.outcome is Outcome.GRADER_ERROR
     assert [(f.check, f.severity) for f in broken.findings] == [("task_setup", "block")]
+
+
+def test_the_probes_home_copy_keeps_sparse_files_sparse_and_the_recorded_modes(
+    tmp_path: Path,
+) -> None:
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    with (snapshot / "big.img").open("wb") as handle:
+        handle.truncate(16 << 30)
+    task = _command_task(tmp_path, "du -k big.img | cut -f1; stat -c %a run.sh", "0\n750")
+    verdict = _grade(tmp_path, task, {"run.sh": "echo hi\n"},
+                     snapshot_manifest={"modes": {"run.sh": 0o4750, "big.img": 0o644}})  # fmt: skip
+    assert (verdict.outcome, verdict.score) == (Outcome.PASSED, 1.0), verdict.findings
+
+
+@pytest.mark.skipif(
+    shutil.which("dbus-run-session") is None or not Path("/usr/libexec/dconf-service").exists(),
+    reason="needs dbus-run-session and dconf-service to write a dconf database",
+)
+def test_gsettings_reads_the_episodes_dconf_database_from_the_snapshot(tmp_path: Path) -> None:
+    desktop = tmp_path / "desktop-home"
+    (desktop / "run").mkdir(parents=True)
+    env = {"HOME": str(desktop), "XDG_RUNTIME_DIR": str(desktop / "run"), "PATH": "/usr/bin:/bin"}
+    subprocess.run(["dbus-run-session", "--", "gsettings", "set", "org.gnome.desktop.interface",
+                    "text-scaling-factor", "1.5"], env=env, check=True, capture_output=True,
+                   timeout=30)  # fmt: skip
+    database = (desktop / ".config" / "dconf" / "user").read_bytes()
+    task = _command_task(
+        tmp_path, "gsettings get org.gnome.desktop.interface text-scaling-factor", "1.5"
+    )
+    assert _grade(tmp_path / "idle", task, {}).score == 0.0  # the schema's default, 1.0
+    snapshot = tmp_path / "snapshot" / ".config" / "dconf"
+    snapshot.mkdir(parents=True)
+    (snapshot / "user").write_bytes(database)
+    verdict = _grade(tmp_path, task, {})
+    assert (verdict.outcome, verdict.score) == (Outcome.PASSED, 1.0), verdict.findings

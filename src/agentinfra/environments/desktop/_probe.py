@@ -121,7 +121,7 @@ def safe_child(root: Path, relative: str) -> Path:
 def copy_home(snapshot: Path, target: Path, uid: int, modes: dict[str, int]) -> None:
     """Copies ``snapshot`` to ``target`` (links kept as links, never followed), owned by ``uid``,
     with the recorded permission bits (set-id bits dropped) applied where the manifest has them."""
-    shutil.copytree(snapshot, target, symlinks=True)
+    shutil.copytree(snapshot, target, symlinks=True, copy_function=_copy_sparse)
     for directory, folders, files in os.walk(target):
         for name in [*folders, *files]:
             os.lchown(os.path.join(directory, name), uid, uid)
@@ -135,6 +135,28 @@ def copy_home(snapshot: Path, target: Path, uid: int, modes: dict[str, int]) -> 
             continue  # a manifest entry for what is not in the copy (left out, or a link) changes nothing
         if stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode):
             os.chmod(path, int(mode) & 0o1777, follow_symlinks=False)
+
+
+def _copy_sparse(source: str, destination: str) -> None:
+    """Copies a regular file's data extents only, so a sparse file stays sparse (its holes unwritten)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW
+    with open(os.open(source, flags), "rb") as src, open(destination, "xb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(src.fileno(), offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                copied = os.copy_file_range(src.fileno(), dst.fileno(), end - start, start, start)
+                if copied == 0:
+                    break
+                start += copied
+            offset = end
+        dst.truncate(size)
+    shutil.copystat(source, destination, follow_symlinks=False)
 
 
 def _wrappers(folder: Path) -> None:
