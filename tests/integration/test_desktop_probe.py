@@ -18,7 +18,11 @@ import pytest
 
 from agentinfra.environments import Finding, Outcome
 from agentinfra.environments.desktop._episode import EpisodeResult
-from agentinfra.environments.desktop._grading import DesktopVerdict, grade_episode
+from agentinfra.environments.desktop._grading import (
+    DesktopVerdict,
+    apply_snapshot_downloads,
+    grade_episode,
+)
 from agentinfra.environments.desktop._task import load_desktop_task, mirror_path
 from agentinfra.sandbox import probe_sandbox_mode
 
@@ -50,6 +54,10 @@ def _grade(tmp_path: Path, task: Any, files: dict[str, str], *, mirror: Path | N
         "t", "pyautogui", "code", tmp_path, snapshot=snapshot, steps=1, **episode
     )
     return grade_episode(task, result, mirror)
+
+
+CHECK_FILE = {"func": "exact_match", "result": {"type": "vm_file", "path": "/home/user/a.txt"},
+              "expected": {"type": "rule", "rules": {"expected": "x"}}}  # fmt: skip
 
 
 def _command_task(tmp_path: Path, command: str, expected: str) -> Any:
@@ -137,8 +145,8 @@ def test_a_checker_that_postconfig_downloads_is_the_mirrors_whatever_the_agent_l
 
 
 def test_a_control_task_using_awk_which_and_shell_scores_honestly(tmp_path: Path) -> None:
-    command = "echo $SHELL; which awk; awk -F, '{s += $2} END {print s}' ~/data.csv"
-    task = _command_task(tmp_path, command, "/bin/bash\n/usr/bin/awk\n6")
+    command = "echo $SHELL; which awk vi; awk -F, '{s += $2} END {print s}' ~/data.csv"
+    task = _command_task(tmp_path, command, "/bin/bash\n/usr/bin/awk\n/usr/bin/vi\n6")
     idle = _grade(tmp_path / "idle", task, {})
     assert (idle.outcome, idle.score) == (Outcome.FAILED, 0.0)
     gold = _grade(tmp_path, task, {"data.csv": "a,1\nb,2\nc,3\n"})
@@ -199,3 +207,33 @@ def test_gsettings_reads_the_episodes_dconf_database_from_the_snapshot(tmp_path:
     (snapshot / "user").write_bytes(database)
     verdict = _grade(tmp_path, task, {})
     assert (verdict.outcome, verdict.score) == (Outcome.PASSED, 1.0), verdict.findings
+
+
+def test_snapshot_downloads_follow_no_link_on_the_way(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    url = "https://example.org/gold.txt"
+    mirror_path(mirror, url).write_text("gold\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "Documents").mkdir(parents=True)
+    (snapshot / "Desktop").symlink_to(outside)
+    (snapshot / "Documents" / "twin.txt").write_text("agent\n")
+    os.link(snapshot / "Documents" / "twin.txt", snapshot / "Documents" / "gold.txt")
+    steps = [{"type": "download", "parameters": {"files": [
+        {"url": url, "path": "/home/user/Desktop/sub/gold.txt"},
+        {"url": url, "path": "/home/user/Documents/gold.txt"},
+        {"url": url, "path": "/home/user/../../etc/gold.txt"},
+        {"url": url, "path": "/tmp/gold.txt"}]}}]  # fmt: skip
+    task = _task(tmp_path, {**CHECK_FILE, "postconfig": steps})
+    modes: dict[str, int] = {"Documents": 0}
+    findings = apply_snapshot_downloads(task, snapshot, mirror, modes)
+    assert [f.check for f in findings] == ["postconfig_failed"] * 3
+    assert "symbolic link" in findings[0].message
+    assert "not a plain path inside the home" in findings[1].message
+    assert "outside /home/user" in findings[2].message
+    assert list(outside.iterdir()) == []
+    assert (snapshot / "Documents" / "gold.txt").read_text() == "gold\n"
+    assert (snapshot / "Documents" / "twin.txt").read_text() == "agent\n"  # not written through
+    assert modes == {"Documents": 0o700, "Documents/gold.txt": 0o644}

@@ -360,7 +360,9 @@ def _download_into(snapshot: Path, url: str, path: str, mirror: Path | None,
             modes[str(parent)] = int(modes.get(str(parent), 0o755)) | 0o700
     if target.is_dir():
         raise TaskEnvironmentError(f"{path} is a folder")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+    if target.exists():
+        target.unlink()  # a new file: never written through another name (a hard link) for the old one
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     with (
         open(os.open(target, flags, 0o644), "wb") as handle,
         mirror_path(mirror, url).open("rb") as source,
