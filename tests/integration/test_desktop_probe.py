@@ -77,11 +77,17 @@ def _command_task(tmp_path: Path, command: str, expected: str) -> Any:
     ],
     ids=["usercustomize", "sitecustomize", "pth", "module-beside-script", "bash-profile"],
 )
+@pytest.mark.parametrize(
+    "command",
+    ["cd Desktop && python3 script.py", "chmod +x ~/Desktop/script.py; ~/Desktop/script.py"],
+)
 def test_what_the_agent_plants_in_the_home_does_not_answer_a_python_check(
-    tmp_path: Path, planted: dict[str, str]
+    tmp_path: Path, planted: dict[str, str], command: str
 ) -> None:
-    task = _command_task(tmp_path, "cd Desktop && python3 script.py", "done")
-    verdict = _grade(tmp_path, task, {"Desktop/script.py": CHECKER, **planted})
+    task = _command_task(tmp_path, command, "done")
+    verdict = _grade(
+        tmp_path, task, {"Desktop/script.py": "#!/usr/bin/python3\n" + CHECKER, **planted}
+    )
     assert (verdict.outcome, verdict.score) == (Outcome.FAILED, 0.0), verdict.findings
     gold = _grade(tmp_path, task, {"target.txt": "x"})
     assert (gold.outcome, gold.score) == (Outcome.PASSED, 1.0), gold.findings

@@ -21,7 +21,8 @@ grading jail, and only its bounded output goes on to the grader:
 * interpreters started isolated: ``python``, ``python3`` and ``python3.11``
   resolve first to read-only wrappers that exec the system interpreter with
   ``-I`` (no user site, no ``PYTHON*`` variables, and since 3.11 no script
-  folder on ``sys.path``); shells start as ``bash --noprofile --norc`` in a
+  folder on ``sys.path``), and ``PYTHONNOUSERSITE``/``PYTHONSAFEPATH`` do the
+  same for one started by its absolute path or a script's shebang; shells start as ``bash --noprofile --norc`` in a
   clean environment without ``BASH_ENV``/``ENV``: ``HOME=/home/user``,
   ``USER=LOGNAME=user``, ``SHELL=/bin/bash``, ``LANG=C.UTF-8``, the desktop's
   ``PATH`` minus its virtual environment, the working directory ``/home/user``;
@@ -171,6 +172,9 @@ def _spec(argv: list[str], uid: int, workspace: Path) -> JailSpec:
     env = {
         "HOME": _HOME, "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash", "PATH": PROBE_PATH,
         "LANG": "C.UTF-8", "XDG_RUNTIME_DIR": "/tmp/runtime-user", "PYTHONDONTWRITEBYTECODE": "1",
+        # For an interpreter started past the wrappers (an absolute path, a script's shebang):
+        # still no user site and no script folder on sys.path.
+        "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
     }  # fmt: skip
     return JailSpec(
         argv=("/usr/bin/env", "-C", _HOME, "--", *argv),
