@@ -1,9 +1,11 @@
 """The desktop grader's checks: getters and metrics, run inside the grading jail.
 
-Started by `_grading.grade_snapshot` as a script in a jail of its own: another
-uid than the episode's, no network, the frozen home snapshot read-only at
-``/home/user``, the expected files (from the mirror) read-only at ``/expected``,
-and only the grader's Python libraries and the system's binaries. It reads one
+Started by `_grading._grading_jail` as a script in a jail of its own: another
+uid than the episode's and the probe's, no network, the frozen home snapshot
+read-only at ``/home/user``, the expected files (from the mirror) read-only at
+``/expected``, the grader's Python and its libraries, no system binaries and no
+``PATH``. A file getter whose real path leaves the home (the snapshot keeps the
+agent's symbolic links) reads as no file. It reads one
 JSON request on stdin and writes one JSON reply on stdout:
 ``{"scores": [per func], "details": [per func], "errors": [per func]}``.
 
