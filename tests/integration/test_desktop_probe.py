@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agentinfra.environments import Finding, Outcome
+from agentinfra.environments.desktop import _probe
 from agentinfra.environments.desktop._episode import EpisodeResult
 from agentinfra.environments.desktop._grading import (
     DesktopVerdict,
@@ -159,11 +160,20 @@ def test_a_control_task_using_awk_which_and_shell_scores_honestly(tmp_path: Path
     assert (gold.outcome, gold.score) == (Outcome.PASSED, 1.0), gold.findings
 
 
-def test_the_probe_bounds_output_and_time_and_says_so(tmp_path: Path) -> None:
-    task = _command_task(tmp_path, "yes done | head -c 3000000", "done")
-    verdict = _grade(tmp_path, task, {})
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("yes done | head -c 3000000", "more than"),
+        ("echo done; exec >&-; sleep 60", "ran past 2 s"),
+    ],
+)
+def test_the_probe_bounds_output_and_time_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, said: str
+) -> None:
+    monkeypatch.setattr(_probe, "PROBE_COMMAND_TIMEOUT_S", 2.0)
+    verdict = _grade(tmp_path, _command_task(tmp_path, command, "done"), {})
     assert verdict.score == 0.0
-    assert any(f.check == "probe" and "more than" in f.message for f in verdict.findings)
+    assert [f.check for f in verdict.findings if said in f.message] == ["probe"]
 
 
 def test_episode_findings_and_setup_errors_make_one_verdict(tmp_path: Path) -> None:

@@ -225,11 +225,12 @@ def _capture(command: list[str], timeout_s: float) -> ProbeOutput:
     if error:
         os.killpg(process.pid, signal.SIGKILL)
     process.stdout.close()
-    try:
-        returncode: int | None = process.wait(timeout=10)
+    try:  # stdout closed, but the command may still run: it gets what is left of its time
+        returncode: int | None = process.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
-        returncode = process.wait()
+        process.wait()
+        returncode, error = None, f"ran past {timeout_s:.0f} s"
     return ProbeOutput(kept.decode(errors="replace"), None if error else returncode, error)
 
 
