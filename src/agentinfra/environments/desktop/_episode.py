@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments import Finding
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
 from agentinfra.environments.desktop._session import ControllerError, DesktopConfig, DesktopSession
@@ -70,6 +71,10 @@ class EpisodeResult:
     first_observation_s: float = 0.0
     crashed: str | None = None
     timings: dict[str, list[float]] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    setup_error: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
+    snapshot_manifest: dict[str, Any] = field(default_factory=dict)
 
 
 async def run_setup_step(

@@ -1,17 +1,19 @@
 """The desktop grader's checks: getters and metrics, run inside the grading jail.
 
-Started by `_grading.grade_snapshot` as a script in a jail of its own: another
-uid than the episode's, no network, the frozen home snapshot read-only at
-``/home/user``, the expected files (from the mirror) read-only at ``/expected``,
-and only the grader's Python libraries and the system's binaries. It reads one
+Started by `_grading._grading_jail` as a script in a jail of its own: another
+uid than the episode's and the probe's, no network, the frozen home snapshot
+read-only at ``/home/user``, the expected files (from the mirror) read-only at
+``/expected``, the grader's Python and its libraries, no system binaries and no
+``PATH``. A file getter whose real path leaves the home (the snapshot keeps the
+agent's symbolic links) reads as no file. It reads one
 JSON request on stdin and writes one JSON reply on stdout:
 ``{"scores": [per func], "details": [per func], "errors": [per func]}``.
 
 The metrics are our implementation of OSWorld's documented semantics (names,
 arguments and rules as in its task files), built on openpyxl, python-docx,
-python-pptx, rapidfuzz, pypdf and Pillow. Commands (``vm_command_line``) run here
-with ``PATH=/usr/bin:/bin``, no shell profile, and the home read-only, so a stub
-program or a profile the agent planted cannot answer for the grader.
+python-pptx, rapidfuzz, pypdf and Pillow. Nothing from the home is executed
+here: a ``vm_command_line`` check's command ran before, in the probe jail
+(`_probe.py`), and arrives as a value (its bounded stdout).
 
 It imports nothing of agentinfra (it is copied into the jail on its own).
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from typing import Any
 
@@ -42,20 +43,20 @@ def resolve(spec: dict[str, Any] | None) -> Value:
     if kind == "file":
         paths = spec["path"]
         if isinstance(paths, list):
-            return [FileValue(p) if os.path.isfile(p) else None for p in paths]
-        return FileValue(paths) if os.path.isfile(paths) else None
-    if kind == "command":
-        command = spec["command"]
-        if spec.get("shell"):  # no profile, no rc file: the home cannot answer for the grader
-            text = command if isinstance(command, str) else " ".join(command)
-            argv = ["/bin/bash", "--noprofile", "--norc", "-c", text]
-        else:
-            argv = list(command) if isinstance(command, list) else command.split()
-        env = {"PATH": "/usr/bin:/bin", "HOME": "/home/user", "LANG": "C.UTF-8", "USER": "user"}
-        done = subprocess.run(argv, capture_output=True, timeout=30, env=env, cwd="/home/user", check=False,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-        return done.stdout.decode(errors="replace")
+            return [_file(p) for p in paths]
+        return _file(paths)
     raise ValueError(f"unknown getter kind {kind!r}")
+
+
+def _file(path: str) -> FileValue | None:
+    """``path`` if it is a regular file whose real place stays where it names (the home or
+    ``/expected``): the snapshot keeps the agent's symbolic links, and one pointing out of the
+    home (at ``/expected``, say) reads as no file at all."""
+    real = os.path.realpath(path)
+    for root in ("/home/user/", "/expected/"):
+        if path.startswith(root):
+            return FileValue(real) if real.startswith(root) and os.path.isfile(real) else None
+    return None
 
 
 def _text(value: Value) -> str | None:

@@ -4,8 +4,12 @@ A task is ``{id, instruction, config[], evaluator{func, result, expected, option
 postconfig, conj}, related_apps, proxy, ...}``. `load_desktop_task` refuses, with
 the name, a setup type or evaluator function that OSWorld does not have; one it
 has but we do not implement makes the task *unsupported* with that reason
-(`support`), as does a download absent from the mirror, a live-web or Google
-Drive step, or an application we do not ship. Nothing is skipped silently.
+(`support`), as does a download absent from the mirror (any URL the mirror holds
+is served from it, Google Drive's included), a live-web step, an application we do
+not ship, a live postconfig step after a download (downloads apply to the frozen
+snapshot), or a check whose command reads a fact of the live desktop that the
+episode does not record (processes, packages, the display, paths outside the
+home). Nothing is skipped silently.
 
 The mirror is a directory keyed by URL the way OSWorld names its cache:
 ``<uuid5(NAMESPACE_URL, url)>_<basename of the URL's path>``.
@@ -14,6 +18,8 @@ The mirror is a directory keyed by URL the way OSWorld names its cache:
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import urllib.parse
 import uuid
@@ -46,26 +52,80 @@ METRICS = (
     "compare_images", "check_list", "compare_text_file", "compare_csv", "compare_line_spacing",
 )  # fmt: skip
 """Metrics we implement (OSWorld's documented semantics, our code)."""
-_OSWORLD_METRICS_ONLY = (
-    "is_expected_url_pattern_match", "check_json_settings", "is_extension_installed",
-    "is_expected_tabs", "is_expected_bookmarks", "check_history_deleted", "compare_archive",
-    "check_config_status", "check_image_size", "check_structure_sim", "compare_epub",
-    "compare_conference_city_in_order", "check_brightness_decrease_and_structure_sim",
-    "is_expected_active_tab", "check_enabled_experiments", "check_font_size", "fuzzy_match",
+OSWORLD_METRICS = frozenset((
+    # Names only (no code), from OSWorld's desktop_env/evaluators/metrics/__init__.py. The
+    # upstream repository (github.com/xlang-ai/OSWorld) was not reachable from here; this is the
+    # union of the names in the stored forks ljxpython/OSWorldUse @e96a65545f14 and
+    # karakuri-ai/OSWorld-JP @3301bf9fd54c, which agree but for three names each has alone.
     "check_gnome_favorite_apps", "is_utc_0", "check_text_enlarged", "check_moved_jpgs",
-    "is_in_vm_clickboard", "compare_python_pure_text", "literal_match", "diff_text_file",
-    "compare_result_files", "check_accessibility_tree", "check_thunderbird_prefs",
-    "check_mp3_meta", "compare_audios", "compare_videos", "check_qt_bgcone", "run_sqlite3",
-)  # fmt: skip
+    "is_in_vm_clickboard", "is_expected_tabs", "is_expected_bookmarks", "compare_pdfs",
+    "compare_pdf_editable_fields", "compare_htmls", "compare_archive", "is_cookie_deleted",
+    "is_shortcut_on_desktop", "check_font_size", "check_enabled_experiments",
+    "check_history_deleted", "is_expected_search_query", "is_expected_active_tab",
+    "is_expected_url_pattern_match", "is_added_to_steam_cart", "is_expected_installed_extensions",
+    "compare_pdf_images", "is_expected_active_tab_approximate", "compare_font_names",
+    "compare_subscript_contains", "has_page_numbers_in_footers", "compare_docx_lines",
+    "evaluate_colored_words_in_tables", "check_highlighted_words",
+    "evaluate_strike_through_last_paragraph", "evaluate_conversion", "evaluate_spacing",
+    "check_italic_font_size_14", "evaluate_alignment", "get_unique_train_ids",
+    "check_no_duplicates", "compare_init_lines", "find_default_font", "contains_page_break",
+    "compare_docx_files", "compare_docx_tables", "compare_line_spacing", "compare_insert_equation",
+    "compare_highlighted_text", "is_first_line_centered", "check_file_exists", "check_tabstops",
+    "compare_contains_image", "compare_docx_files_and_ignore_new_lines", "compare_docx_images",
+    "compare_image_text", "compare_references", "compare_unique_train_records", "check_csv",
+    "check_accessibility_tree", "run_sqlite3", "check_json", "check_list", "exact_match",
+    "match_in_list", "is_in_list", "fuzzy_match", "check_include_exclude",
+    "check_direct_json_object", "compare_time_in_speedtest_results",
+    "is_included_all_json_objects", "is_gold_text_included_in_pdf", "check_line_number",
+    "file_contains", "compare_terminal_and_txt", "fuzzy_place_math", "compare_python_pure_text",
+    "diff_text_file", "literal_match", "check_structure_sim_resized",
+    "check_structure_sim_with_threshold", "check_brightness_decrease_and_structure_sim",
+    "check_contrast_increase_and_structure_sim", "check_saturation_increase_and_structure_sim",
+    "check_image_size", "check_image_mirror", "check_palette_and_structure_sim",
+    "check_textbox_on_leftside", "check_green_background", "check_file_exists_and_structure_sim",
+    "check_triangle_position", "check_structure_sim", "check_config_status", "compare_image_list",
+    "increase_saturation", "decrease_brightness", "compare_triangle_positions", "check_sharper",
+    "check_image_file_size", "check_libre_locale", "compare_epub", "check_mp3_meta",
+    "check_pdf_pages", "check_presenter_console_disable", "check_image_stretch_and_center",
+    "check_slide_numbers_color", "compare_pptx_files", "check_strikethrough",
+    "check_slide_orientation_Portrait", "evaluate_presentation_fill_to_rgb_distance",
+    "check_left_panel", "check_transition", "check_page_number_colors", "check_auto_saving_time",
+    "compare_table", "compare_csv", "compare_conference_city_in_order", "check_thunderbird_prefs",
+    "check_thunderbird_filter", "check_thunderbird_folder", "is_vlc_playing",
+    "is_vlc_recordings_folder", "is_vlc_fullscreen", "compare_images", "compare_audios",
+    "compare_videos", "check_qt_bgcone", "check_one_instance_when_started_from_file",
+    "check_qt_minimal_view", "check_qt_max_volume", "check_qt_slider_colours",
+    "check_global_key_play_pause", "check_play_and_exit", "compare_text_file", "compare_config",
+    "compare_answer", "compare_result_files", "is_extension_installed", "check_json_settings",
+    "check_json_keybindings", "check_python_file_by_test_suite", "check_python_file_by_gold_file",
+    "check_html_background_image", "compare_zip_files", "infeasible",
+))  # fmt: skip
+"""Every evaluator func OSWorld defines: one we lack is "not implemented", any other is unknown."""
 GETTERS = ("vm_file", "cloud_file", "rule", "rule_relativeTime", "vm_command_line",
            "accessibility_tree")  # fmt: skip
 """Result and expected getters we implement."""
-_OSWORLD_GETTERS_ONLY = (
-    "active_url_from_accessTree", "active_tab_html_parse", "active_tab_url_parse", "cache_file",
-    "vlc_config", "googledrive_file", "gimp_config_file", "vm_terminal_output", "list_directory",
-    "vm_screen_size", "vm_wallpaper", "default_search_engine", "bookmarks", "history",
-    "open_tabs_info", "content_from_vm_file", "audio_in_slide", "vscode_config",
-)  # fmt: skip
+OSWORLD_GETTERS = frozenset((
+    # Names only, from OSWorld's desktop_env/evaluators/getters/__init__.py (a getter type T is
+    # its function get_T): the union of the stored forks samuellin01/osworld-dag-scheduler
+    # @8d07fc90ca9a and asyhyxcqdx/osworld-realtime @367fdb88eaf7 (less the latter's own
+    # realtime_gui_bench_state); xlang-ai/OSWorld itself was not reachable from here.
+    "default_search_engine", "cookie_data", "bookmarks", "open_tabs_info", "pdf_from_url",
+    "shortcuts_on_desktop", "history", "page_info", "enabled_experiments", "chrome_language",
+    "chrome_font_size", "chrome_color_scheme", "chrome_appearance_mode_ui", "profile_name",
+    "number_of_search_results", "googledrive_file", "google_sheet", "google_doc", "google_slide",
+    "active_tab_info", "active_tab_url_and_body_text", "enable_do_not_track",
+    "enable_enhanced_safety_browsing", "enable_safe_browsing", "new_startup_page",
+    "find_unpacked_extension_path", "data_delete_automacally", "active_tab_html_parse",
+    "active_tab_url_parse", "gotoRecreationPage_and_get_html_content", "url_dashPart",
+    "active_url_from_accessTree", "find_installed_extension_name", "info_from_website",
+    "macys_product_url_parse", "url_path_parse", "cloud_file", "local_file", "vm_file",
+    "cache_file", "content_from_vm_file", "vm_command_line", "vm_terminal_output",
+    "vm_command_error", "gimp_config_file", "audio_in_slide", "background_image_in_slide",
+    "vm_screen_size", "vm_window_size", "vm_wallpaper", "list_directory", "rule",
+    "accessibility_tree", "rule_relativeTime", "time_diff_range", "replay", "vlc_playing_info",
+    "vlc_config", "default_video_player", "vscode_config", "conference_city_in_order",
+))  # fmt: skip
+"""Every getter type OSWorld defines."""
 _SHIPPED_APPS = {"soffice", "libreoffice", "localc", "lowriter", "loimpress", "mousepad",
                  "xterm", "bash", "sh", "python3", "python"}  # fmt: skip
 _APPS_NOT_SHIPPED = {"google-chrome": "Google Chrome", "chrome": "Google Chrome",
@@ -174,15 +234,18 @@ def load_desktop_task(path: Path) -> DesktopTask:
                 f"task file {path}: unknown config type {kind!r} (known: {', '.join(SETUP_TYPES)})"
             )
     for func in task.funcs:
-        if func not in METRICS and func not in _OSWORLD_METRICS_ONLY:
+        if func not in METRICS and func not in OSWORLD_METRICS:
             raise TaskEnvironmentError(
-                f"task file {path}: unknown evaluator func {func!r} (known: {', '.join(METRICS)})"
+                f"task file {path}: unknown evaluator func {func!r}: OSWorld defines no such "
+                f"function (implemented here: {', '.join(METRICS)})"
             )
     for key in ("result", "expected"):
         for spec in task.specs(key):
             kind = spec.get("type") if spec else None
-            if spec and kind not in GETTERS and kind not in _OSWORLD_GETTERS_ONLY:
-                raise TaskEnvironmentError(f"task file {path}: unknown {key} getter type {kind!r}")
+            if spec and kind not in GETTERS and kind not in OSWORLD_GETTERS:
+                raise TaskEnvironmentError(
+                    f"task file {path}: unknown {key} getter type {kind!r}: OSWorld defines no such getter"
+                )
     return task
 
 
@@ -207,11 +270,117 @@ class Support:
     reason: str
 
 
-def _program(command: Any) -> str:
-    if isinstance(command, list) and command:
-        return Path(str(command[0])).name
-    if isinstance(command, str) and command.strip():
-        return Path(command.split()[0]).name
+_STARTS_COMMAND = {"|", "||", "&&", ";", "&", "(", ";;", "|&", "((", "{"}
+_KEYWORDS = {"if", "then", "else", "elif", "do", "while", "until", "!", "time", "exec", "command",
+             "nohup", "env", "xargs", "timeout", "nice", "builtin"}  # fmt: skip
+"""Words after which the next word is still a command (shell keywords and program prefixes)."""
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_LIVE_STATE = {
+    **dict.fromkeys(("ps", "pgrep", "pidof", "pstree", "top", "htop", "lsof"), "the live process list (recorded at the freeze, but no check reads the record yet)"),
+    **dict.fromkeys(("dpkg", "dpkg-query", "apt", "apt-get", "apt-cache", "snap", "flatpak"),
+                    "the installed packages"),
+    **dict.fromkeys(("systemctl", "service", "loginctl", "who", "w", "users", "crontab",
+                     "timedatectl", "localectl", "hostnamectl", "nmcli", "ss", "netstat"),
+                    "the live system's services and sessions"),
+    **dict.fromkeys(("xdotool", "wmctrl", "xrandr", "xprop", "xset", "xclip", "xsel", "xwininfo",
+                     "pactl", "amixer"), "the live display or sound server"),
+}  # fmt: skip
+"""Programs that read a fact of the live desktop that the episode does not record for the probe."""
+_PROBE_VISIBLE = ("/home/user", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/dev/null",
+                  "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/zero")  # fmt: skip
+"""Absolute paths a check's command may name: the home (snapshotted) and the system view the probe shares."""
+_ABSOLUTE = re.compile(r"(?:^|[=:])(/[^\s:=]*)")
+
+
+def _tokens(command: Any, shell: bool) -> list[str]:
+    """A command's words: a list as given; a shell string split as the shell would (operators apart)."""
+    if isinstance(command, list):
+        return [str(c) for c in command]
+    if not isinstance(command, str):
+        return []
+    if not shell:
+        return command.split()
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:  # unbalanced quotes: the shell says so when the step runs
+        return []
+
+
+def _command_words(command: Any, shell: bool) -> list[str]:
+    """The programs a command starts: its first word, and in a shell string every word in a
+    command position (after ``|``, ``&&``, ``;``, ``(``, a keyword or a prefix such as ``nohup``),
+    assignments (``X=1``) skipped."""
+    tokens = _tokens(command, shell)
+    if not shell:
+        return [Path(tokens[0]).name] if tokens else []
+    words: list[str] = []
+    at_start = True
+    for token in tokens:
+        if token in _STARTS_COMMAND:
+            at_start = True
+        elif at_start and _ASSIGNMENT.match(token):
+            continue
+        elif at_start:
+            words.append(Path(token).name if "/" in token else token)
+            at_start = token in _KEYWORDS
+    return words
+
+
+def _command_needs(command: Any, shell: bool) -> str:
+    """Why a check's command cannot be answered by the probe here ("" when it can)."""
+    for word in _command_words(command, shell):
+        if word in _LIVE_STATE:
+            return (f"the check runs {word!r}, which reads {_LIVE_STATE[word]}; the probe that runs "
+                    "checks has its own namespaces and sees none of the live desktop")  # fmt: skip
+    for token in _tokens(command, shell):
+        for path in _ABSOLUTE.findall(token):
+            if not any(path == v or path.startswith(v + "/") for v in _PROBE_VISIBLE):
+                return (f"the check reads {path}, outside /home/user: only the home is snapshotted "
+                        "(the probe sees the desktop's system files, not its / or /tmp)")  # fmt: skip
+    return ""
+
+
+def _step_support(step: dict[str, Any], mirror: Path | None) -> str:
+    """Why one setup or postconfig step cannot run here ("" when it can)."""
+    kind, params = step["type"], step.get("parameters") or {}
+    if kind in _OSWORLD_SETUP_ONLY:
+        return f"setup step {kind!r} needs the live web, a browser or an account"
+    if kind == "download":
+        for item in params.get("files") or []:
+            url = str(item.get("url", ""))
+            if mirror is None or not mirror_path(mirror, url).is_file():
+                return f"file {url} is not in the mirror ({mirror}); add it as {mirror_path(Path('MIRROR'), url).name}"
+    if kind in ("launch", "execute", "command"):
+        # A shell string is checked by running it (a failed setup step is a finding); only an
+        # application we know is absent is named up front. A list's first word is its program.
+        shell = bool(params.get("shell"))
+        for program in _command_words(params.get("command"), shell):
+            if program in _APPS_NOT_SHIPPED:
+                return f"needs {_APPS_NOT_SHIPPED[program]}, which this desktop does not ship"
+            if not shell and program not in _SHIPPED_APPS and shutil.which(program) is None:
+                return f"needs program {program!r}, not installed here"
+    if kind == "open":
+        suffix = Path(str(params.get("path", ""))).suffix.lower()
+        if suffix not in _OFFICE and suffix not in _TEXT:
+            return f"opens a {suffix or 'suffix-less'} file, which no shipped app handles"
+    return ""
+
+
+def _postconfig_support(task: DesktopTask) -> str:
+    """Downloads in postconfig apply to the frozen snapshot, so nothing live may come after one."""
+    downloaded = False
+    for index, step in enumerate(task.postconfig):
+        if step["type"] == "download":
+            downloaded = True
+            for item in (step.get("parameters") or {}).get("files") or []:
+                if not str(item.get("path", "")).startswith("/home/user/"):
+                    return (f"postconfig step {index} downloads to {item.get('path')}, outside "
+                            "/home/user: downloads apply to the snapshot of the home")  # fmt: skip
+        elif downloaded:
+            return (f"postconfig step {index} ({step['type']}) follows a download; downloads "
+                    "apply to the frozen snapshot")  # fmt: skip
     return ""
 
 
@@ -220,44 +389,25 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
     if task.raw.get("proxy"):
         return Support(False, "needs the live web through a proxy (proxy: true)")
     for step in [*task.config, *task.postconfig]:
-        kind, params = step["type"], step.get("parameters") or {}
-        if kind in _OSWORLD_SETUP_ONLY:
-            return Support(
-                False, f"setup step {kind!r} needs the live web, a browser or an account"
-            )
-        if kind == "download":
-            for item in params.get("files") or []:
-                url = str(item.get("url", ""))
-                if "drive.google" in url:
-                    return Support(False, f"downloads from Google Drive ({url})")
-                if mirror is None or not mirror_path(mirror, url).is_file():
-                    return Support(
-                        False,
-                        f"file {url} is not in the mirror ({mirror}); add it as {mirror_path(Path('MIRROR'), url).name}",
-                    )
-        if kind in ("launch", "execute", "command"):
-            program = _program(params.get("command"))
-            if program in _APPS_NOT_SHIPPED:
-                return Support(
-                    False, f"needs {_APPS_NOT_SHIPPED[program]}, which this desktop does not ship"
-                )
-            if program and program not in _SHIPPED_APPS and shutil.which(program) is None:
-                return Support(False, f"needs program {program!r}, not installed here")
-        if kind == "open":
-            suffix = Path(str(params.get("path", ""))).suffix.lower()
-            if suffix not in _OFFICE and suffix not in _TEXT:
-                return Support(
-                    False, f"opens a {suffix or 'suffix-less'} file, which no shipped app handles"
-                )
+        reason = _step_support(step, mirror)
+        if reason:
+            return Support(False, reason)
+    reason = _postconfig_support(task)
+    if reason:
+        return Support(False, reason)
     for func in task.funcs:
         if func not in METRICS:
-            return Support(False, f"evaluator func {func!r} is not implemented here")
+            return Support(False, f"not implemented: {func} (an OSWorld evaluator func)")
     for key in ("result", "expected"):
         for spec in task.specs(key):
             if spec is None:
                 continue
             if spec["type"] not in GETTERS:
-                return Support(False, f"{key} getter {spec['type']!r} is not implemented here")
+                return Support(False, f"not implemented: {spec['type']} (an OSWorld {key} getter)")
+            if spec["type"] == "vm_command_line":
+                reason = _command_needs(spec.get("command"), bool(spec.get("shell")))
+                if reason:
+                    return Support(False, reason)
             if spec["type"] == "cloud_file":
                 urls = spec.get("path")
                 for link in urls if isinstance(urls, list) else [urls]:

@@ -1,0 +1,150 @@
+"""Honest loading: each rule of `load_desktop_task` and `support`, on small tasks in OSWorld's format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentinfra.environments.desktop._task import (
+    OSWORLD_GETTERS,
+    OSWORLD_METRICS,
+    load_desktop_task,
+    mirror_path,
+    support,
+)
+from agentinfra.errors import TaskEnvironmentError
+
+CHECK = {"func": "exact_match", "result": {"type": "vm_file", "path": "/home/user/a.txt"},
+         "expected": {"type": "rule", "rules": {"expected": "x"}}}  # fmt: skip
+
+
+def _task(tmp_path: Path, config: list[Any] | None = None, **evaluator: Any) -> Any:
+    path = tmp_path / "task.json"
+    raw = {
+        "id": "t",
+        "instruction": "do it",
+        "config": config or [],
+        "evaluator": {**CHECK, **evaluator},
+    }
+    path.write_text(json.dumps(raw))
+    return load_desktop_task(path)
+
+
+def _command(command: Any, shell: bool = True) -> dict[str, Any]:
+    return {"result": {"type": "vm_command_line", "command": command, "shell": shell}}
+
+
+def _reason(tmp_path: Path, mirror: Path | None = None, *args: Any, **kwargs: Any) -> str:
+    verdict = support(_task(tmp_path, *args, **kwargs), mirror)
+    assert verdict.supported == (verdict.reason == "")
+    return verdict.reason
+
+
+def test_a_func_osworld_defines_but_we_lack_loads_and_is_not_implemented(tmp_path: Path) -> None:
+    assert "check_python_file_by_test_suite" in OSWORLD_METRICS
+    reason = _reason(tmp_path, None, func="check_python_file_by_test_suite")
+    assert reason == "not implemented: check_python_file_by_test_suite (an OSWorld evaluator func)"
+
+
+def test_a_getter_osworld_defines_but_we_lack_loads_and_is_not_implemented(tmp_path: Path) -> None:
+    assert "vscode_config" in OSWORLD_GETTERS
+    reason = _reason(
+        tmp_path, None, result={"type": "vscode_config", "vscode_extension_command": "x"}
+    )
+    assert reason.startswith("not implemented: vscode_config")
+
+
+def test_only_names_osworld_does_not_define_are_unknown(tmp_path: Path) -> None:
+    with pytest.raises(
+        TaskEnvironmentError, match="unknown evaluator func 'is_good': OSWorld defines no"
+    ):
+        _task(tmp_path, func="is_good")
+    with pytest.raises(TaskEnvironmentError, match="unknown result getter type 'telepathy'"):
+        _task(tmp_path, result={"type": "telepathy"})
+
+
+@pytest.mark.parametrize(
+    "command",
+    ['export PATH="$HOME/bin:$PATH"; "$HOME/setup.sh"', 'X=1 nohup ./my_process.sh > /dev/null 2>&1 &',
+     "echo password | sudo -S apt-get install zsh -y"],
+)  # fmt: skip
+def test_a_shell_string_is_not_refused_for_its_first_word(tmp_path: Path, command: str) -> None:
+    # Checked by running it (a failed setup step is a finding), not by guessing a program name.
+    config = [{"type": "execute", "parameters": {"command": command, "shell": True}}]
+    assert _reason(tmp_path, None, config) == ""
+
+
+def test_programs_named_for_sure_are_still_checked(tmp_path: Path) -> None:
+    chrome = [
+        {"type": "launch", "parameters": {"command": "sleep 1; google-chrome --x", "shell": True}}
+    ]
+    assert "Google Chrome" in _reason(tmp_path, None, chrome)
+    absent = [{"type": "execute", "parameters": {"command": ["no-such-program-here", "-v"]}}]
+    assert (
+        _reason(tmp_path, None, absent)
+        == "needs program 'no-such-program-here', not installed here"
+    )
+
+
+def test_any_url_in_the_mirror_is_served_google_drive_too(tmp_path: Path) -> None:
+    url = "https://drive.google.com/uc?id=1abc&export=download"
+    config = [
+        {"type": "download", "parameters": {"files": [{"url": url, "path": "/home/user/a.xlsx"}]}}
+    ]
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    assert "is not in the mirror" in _reason(tmp_path, mirror, config)
+    mirror_path(mirror, url).write_bytes(b"x")
+    assert _reason(tmp_path, mirror, config) == ""
+
+
+def test_a_live_postconfig_step_after_a_download_is_unsupported(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    url = "https://example.org/check.sh"
+    mirror_path(mirror, url).write_bytes(b"echo ok\n")
+    download = {
+        "type": "download",
+        "parameters": {"files": [{"url": url, "path": "/home/user/check.sh"}]},
+    }
+    run = {"type": "execute", "parameters": {"command": ["bash", "/home/user/check.sh"]}}
+    assert _reason(tmp_path, mirror, postconfig=[run, download]) == ""
+    assert _reason(tmp_path, mirror, postconfig=[download, run]) == (
+        "postconfig step 1 (execute) follows a download; downloads apply to the frozen snapshot"
+    )
+    outside = {"type": "download", "parameters": {"files": [{"url": url, "path": "/tmp/check.sh"}]}}
+    assert "outside /home/user" in _reason(tmp_path, mirror, postconfig=[outside])
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("ps -ef | grep my_process.sh", "reads the live process list"),  # OSWorld os/cc9d4f34
+        ("dpkg -l | grep mahjongg", "reads the installed packages"),  # os/ddc75b62
+        ("[ -d '/test' ] && echo 'Directory exists.' || echo no", "reads /test, outside /home/user"),  # os/43c2d64c
+        ("cat $(ls /tmp/out.txt)", "reads /tmp/out.txt"),
+        ("which spotify", ""),  # os/94d95f96: the probe has the desktop's PATH and /etc/alternatives
+        ("echo $SHELL", ""),  # os/6ebbfb01: SHELL=/bin/bash as in the desktop
+        ("awk -F, '{s += $2} END {print s}' /home/user/a.csv 2>/dev/null", ""),
+        ("gsettings get org.gnome.desktop.interface text-scaling-factor", ""),
+        ("grep '/bin/sh ./x.sh' ~/log.txt", ""),
+    ],
+)  # fmt: skip
+def test_a_check_reading_live_state_the_episode_does_not_record_is_unsupported(
+    tmp_path: Path, command: str, reason: str
+) -> None:
+    found = _reason(tmp_path, None, **_command(command))
+    assert (reason in found) if reason else found == ""
+
+
+def test_a_list_command_is_checked_by_its_first_word(tmp_path: Path) -> None:
+    assert "live process list" in _reason(
+        tmp_path, None, **_command(["pgrep", "-f", "x"], shell=False)
+    )
+    assert (
+        _reason(tmp_path, None, **_command(["stat", "-c", "%a", "/home/user/a.sh"], shell=False))
+        == ""
+    )
