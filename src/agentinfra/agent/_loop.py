@@ -102,6 +102,12 @@ class LoopConfig:
     keep_images: int | None = None
     """Keep only the last K images in the history; older ones become a one-line placeholder
     before any text is dropped (journalled like every trim). None: images go only when over budget."""
+    policy_version: str | None = None
+    """The weights' version the endpoint serves (``--policy-version``), recorded with every model
+    call (a trainer drops or corrects stale calls); `ModelClient.policy_version` may change it mid-run."""
+    capture_tokens: bool = True
+    """Ask the endpoint for the engine's token ids and logprobs with every call (vLLM's
+    ``return_token_ids``); `preflight` turns it off for an endpoint that refuses them."""
 
     def __post_init__(self) -> None:
         if not self.model:
