@@ -16,7 +16,15 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 
 from agentinfra.agent._content import ContentPart, ImagePart, TextPart, ToolResult, check_png
 from agentinfra.agent._loop import AgentLoop, AgentOutcome, LoopConfig
-from agentinfra.agent._model import Completion, EndpointLimiter, ModelClient, Usage, preflight
+from agentinfra.agent._model import (
+    Completion,
+    EndpointLimiter,
+    ModelClient,
+    TokenSupport,
+    Usage,
+    preflight,
+    probe_tokens,
+)
 from agentinfra.agent._profiles import PROFILES, ModelProfile, profile_for
 from agentinfra.agent._scripted import Reply, ScriptedModelServer
 from agentinfra.agent._segments import CallTokens, Segment, call_tokens_of, split_segments
@@ -48,6 +56,7 @@ __all__ = [
     "ScriptedModelServer",
     "Segment",
     "TextPart",
+    "TokenSupport",
     "Tool",
     "ToolCall",
     "ToolResult",
@@ -59,6 +68,7 @@ __all__ = [
     "parse_hermes_calls",
     "parse_minimax_reply",
     "preflight",
+    "probe_tokens",
     "profile_for",
     "split_reasoning",
     "split_segments",

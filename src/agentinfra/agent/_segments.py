@@ -22,6 +22,12 @@ with ids starts a segment with ``tokens_missing``. Every break records the first
 position (in the segment's ``token_ids``) where the new prompt differs. A journalled
 trim that leaves the ids an extension makes no break: causes are never assumed.
 
+In the transcript a call's prompt is journalled as what it shares with the previous call's
+ids and what is new (`encode_tokens`): ``prompt_shared`` (the length of the common prefix
+with the previous call's ``prompt_ids + completion_ids``) and ``prompt_new``. Decoding
+(`decode_tokens`, `call_tokens_of`) gives back the exact ids; the journal grows with the new
+tokens of each call, not with the whole context each time.
+
 No I/O: the transcript's events go in, plain values come out.
 """
 
@@ -31,7 +37,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CallTokens", "Segment", "call_tokens_of", "causes_between", "split_segments"]
+__all__ = [
+    "CallTokens",
+    "Segment",
+    "call_tokens_of",
+    "causes_between",
+    "decode_tokens",
+    "encode_tokens",
+    "split_segments",
+]
 
 _CAUSE_ORDER = ("context_trim", "image_dropped", "resume")
 
@@ -45,14 +59,49 @@ class CallTokens:
     completion_logprobs: Sequence[float] | None = None
     """One per completion id; None when the engine returned no logprobs."""
 
-    @classmethod
-    def from_json(cls, data: Any) -> CallTokens | None:
-        """The ``tokens`` of a journalled ``model_response``; None when the call has none."""
-        if not isinstance(data, dict) or data.get("prompt_ids") is None:
-            return None
-        if data.get("completion_ids") is None:
-            return None
-        return cls(data["prompt_ids"], data["completion_ids"], data.get("completion_logprobs"))
+    @property
+    def all_ids(self) -> list[int]:
+        """``prompt_ids + completion_ids``: what the next call's prompt should extend."""
+        return [*self.prompt_ids, *self.completion_ids]
+
+
+def encode_tokens(tokens: CallTokens, previous: Sequence[int] | None) -> dict[str, Any]:
+    """A call's ids as journalled: the prompt as its prefix shared with ``previous`` plus the rest."""
+    prompt = list(tokens.prompt_ids)
+    shared = 0
+    if previous:
+        position = _first_difference(previous, prompt)
+        shared = len(previous) if position is None else position
+    return {
+        "prompt_shared": shared,
+        "prompt_new": prompt[shared:],
+        "completion_ids": list(tokens.completion_ids),
+        "completion_logprobs": (
+            None if tokens.completion_logprobs is None else list(tokens.completion_logprobs)
+        ),
+    }
+
+
+def decode_tokens(data: Any, previous: Sequence[int] | None) -> CallTokens | None:
+    """A journalled call's exact ids (`encode_tokens`'s inverse); None when the call has none.
+
+    Raises:
+        ValueError: the record shares more tokens than ``previous`` holds (a damaged transcript).
+    """
+    if not isinstance(data, dict) or data.get("completion_ids") is None:
+        return None
+    if data.get("prompt_ids") is not None:
+        prompt = list(data["prompt_ids"])
+    elif data.get("prompt_new") is not None:
+        shared = int(data.get("prompt_shared", 0))
+        if shared > len(previous or ()):
+            raise ValueError(
+                f"a call shares {shared} prompt tokens with a previous call that has {len(previous or ())}"
+            )
+        prompt = [*(previous or ())[:shared], *data["prompt_new"]]
+    else:
+        return None
+    return CallTokens(prompt, list(data["completion_ids"]), data.get("completion_logprobs"))
 
 
 @dataclass(slots=True)
@@ -157,9 +206,12 @@ def call_tokens_of(events: Sequence[Any]) -> tuple[list[CallTokens | None], list
     calls: list[CallTokens | None] = []
     causes: list[list[str]] = []
     pending: list[str] = []
+    previous: list[int] | None = None
     for event in events:
         if event.type == "model_response":
-            calls.append(CallTokens.from_json(event.data.get("tokens")))
+            call = decode_tokens(event.data.get("tokens"), previous)
+            previous = call.all_ids if call is not None else None
+            calls.append(call)
             causes.append(pending)
             pending = []
         elif event.type == "context_trimmed":

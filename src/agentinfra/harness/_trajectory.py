@@ -101,19 +101,17 @@ def trajectory_of(
 
 def _calls(agent_events: Sequence[Event]) -> list[dict[str, Any]]:
     """Per model call: exactly the contract's fields (ids None where the engine returned none)."""
-    calls = []
-    for event in agent_events:
-        if event.type != "model_response":
-            continue
-        data = event.data
-        tokens = data.get("tokens") or {}
-        calls.append({
-            "turn": data["turn"], "prompt_ids": tokens.get("prompt_ids"),
-            "completion_ids": tokens.get("completion_ids"),
-            "completion_logprobs": tokens.get("completion_logprobs"),
-            "finish_reason": data.get("finish_reason"), "policy_version": data.get("policy_version"),
-        })  # fmt: skip
-    return calls
+    tokens, _ = call_tokens_of(agent_events)
+    replies = [e.data for e in agent_events if e.type == "model_response"]
+    return [
+        {"turn": data["turn"],
+         "prompt_ids": None if ids is None else list(ids.prompt_ids),
+         "completion_ids": None if ids is None else list(ids.completion_ids),
+         "completion_logprobs": None if ids is None or ids.completion_logprobs is None
+         else list(ids.completion_logprobs),
+         "finish_reason": data.get("finish_reason"), "policy_version": data.get("policy_version")}
+        for data, ids in zip(replies, tokens, strict=True)
+    ]  # fmt: skip
 
 
 def _tokens_state(calls: Sequence[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from agentinfra.agent import CallTokens, call_tokens_of, split_segments
+from agentinfra.agent._segments import decode_tokens, encode_tokens
 
 SYSTEM = [1, 2, 3]
 
@@ -96,3 +97,31 @@ def test_causes_come_from_the_transcript_between_two_calls() -> None:
     calls, causes = call_tokens_of(events)
     assert calls == [CallTokens(SYSTEM, [20], [-1.0]), None, None]
     assert causes == [[], ["image_dropped", "context_trim"], ["resume"]]
+
+
+def test_journalled_ids_are_deltas_that_decode_exactly() -> None:
+    first = CallTokens([1, 2, 3], [4, 5], [-0.1, -0.2])
+    second = CallTokens([1, 2, 3, 4, 5, 6], [7], None)
+    rerendered = CallTokens([1, 2, 9, 9], [8], [-0.3])
+    records = []
+    previous = None
+    for call in (first, second, rerendered):
+        records.append(encode_tokens(call, previous))
+        previous = call.all_ids
+    assert records[1] == {
+        "prompt_shared": 5,
+        "prompt_new": [6],
+        "completion_ids": [7],
+        "completion_logprobs": None,
+    }
+    assert records[2]["prompt_shared"] == 2
+    events = [_Event("model_response", {"tokens": r}) for r in records]
+    calls, _ = call_tokens_of(events)
+    assert [list(c.prompt_ids) for c in calls if c is not None] == [
+        [1, 2, 3],
+        [1, 2, 3, 4, 5, 6],
+        [1, 2, 9, 9],
+    ]
+    assert decode_tokens(None, None) is None
+    with pytest.raises(ValueError, match="shares 5 prompt tokens"):
+        decode_tokens(records[1], [1, 2])
