@@ -20,11 +20,12 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from agentinfra.agent import LoopConfig, Reply, ScriptedModelServer
@@ -61,7 +62,6 @@ class RecordingProxy:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._client = httpx.AsyncClient(timeout=600)
         server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
@@ -110,6 +110,15 @@ class RecordingProxy:
                 continue  # `probe_tokens`
             calls.append(_parse(content, bool(request.get("stream"))) | {"request": request})
         return calls
+
+
+def _forward(request: urllib.request.Request) -> tuple[int, str, bytes]:
+    """One request to the engine, its whole response read (SSE included) before it is passed on."""
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, response.headers.get("content-type", ""), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("content-type", ""), exc.read()
 
 
 def _parse(content: bytes, stream: bool) -> dict[str, Any]:
@@ -243,12 +252,11 @@ def test_every_call_is_the_engines_ids_through_a_recording_proxy(
         "exact", trajectory["calls"], trajectory["segments"],
     )  # fmt: skip
     # a resume (here of a run its budget stopped) keeps every call's ids: they are read back, not re-derived
-    with RecordingProxy(vllm) as proxy:
-        spec = json.loads((run / "run.json").read_text())
-        assert spec["spec"]["agent"]["loop"]["capture_tokens"] is True
-        done = subprocess.run([sys.executable, "-m", "agentinfra", "resume", str(run)], capture_output=True,
-                              text=True, cwd=ROOT, env={**os.environ, "OPENAI_API_KEY": "unused"}, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+    spec = json.loads((run / "run.json").read_text())
+    assert spec["spec"]["agent"]["loop"]["capture_tokens"] is True
+    done = subprocess.run([sys.executable, "-m", "agentinfra", "resume", str(run)], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "OPENAI_API_KEY": "unused"}, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     resumed = trajectory_of(run, group_id="g")
     assert resumed["calls"] == trajectory["calls"]
     assert resumed["segments"] == trajectory["segments"]
