@@ -34,6 +34,9 @@ from agentinfra.harness import RunDirectory, agent_run_spec, run_agents, traject
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
+TASKS = os.environ.get("AGENTINFRA_TOKENS_TASKS", str(PROBLEM))
+"""The tasks of the exactness test (a glob): one episode by default; the measurement in the
+report ran it over every kernels problem (``examples/kernels/problems/*.py``)."""
 
 
 class RecordingProxy:
@@ -61,11 +64,20 @@ class RecordingProxy:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        server = loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
-        self._loop.run_forever()
+        loop.run_forever()
+        server.close()
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(server.wait_closed())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -81,33 +93,37 @@ class RecordingProxy:
                     for k, v in headers.items()
                     if k.lower() in ("content-type", "authorization")
                 }
-                response = await self._client.request(
-                    method,
+                request = urllib.request.Request(
                     self.upstream + path.removeprefix("/v1"),
-                    content=body,
+                    data=body or None,
                     headers=forwarded,
+                    method=method,
                 )
-                content = response.content
+                status, kind, content = await asyncio.get_running_loop().run_in_executor(
+                    None, _forward, request
+                )
                 if path.endswith("/chat/completions"):
                     self.exchanges.append((path, json.loads(body), content))
-                kind = response.headers.get("content-type", "application/json")
                 writer.write(
-                    f"HTTP/1.1 {response.status_code} X\r\ncontent-type: {kind}\r\n"
+                    f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\n"
                     f"content-length: {len(content)}\r\n\r\n".encode()
                     + content
                 )
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()
 
-    def engine_calls(self) -> list[dict[str, Any]]:
-        """What vLLM returned for each agent call (the token probe left out), parsed here from the raw bytes."""
+    def engine_calls(self, task_prompt: str) -> list[dict[str, Any]]:
+        """What vLLM returned for each call of the run whose task is ``task_prompt`` (in order; the
+        token probe left out), parsed here from the raw bytes."""
         calls = []
         for _, request, content in self.exchanges:
             if request.get("max_tokens") == 1 and "tools" not in request:
                 continue  # `probe_tokens`
+            if request["messages"][1]["content"] != task_prompt:
+                continue  # another run's call
             calls.append(_parse(content, bool(request.get("stream"))) | {"request": request})
         return calls
 
@@ -198,19 +214,18 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.base_url
 
 
-def _run_cli(base_url: str, runs: Path, *extra: str) -> Path:
+def _run_cli(base_url: str, runs: Path, *extra: str, tasks: str = str(PROBLEM)) -> list[Path]:
     from agentinfra.engines import SMOLLM2_NAME
 
     done = subprocess.run(
-        [sys.executable, "-m", "agentinfra", "run", "--tasks", str(PROBLEM), "--model", SMOLLM2_NAME,
+        [sys.executable, "-m", "agentinfra", "run", "--tasks", tasks, "--model", SMOLLM2_NAME, "--concurrency", "4",
          "--base-url", base_url, "--runs-dir", str(runs), "--max-turns", "4", "--nudges", "8",
          "--max-output-tokens", "48", "--context-tokens", "8192", *extra],
         capture_output=True, text=True, timeout=900, cwd=ROOT, env={**os.environ, "OPENAI_API_KEY": "unused"},
         check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    (run,) = [p for p in runs.iterdir() if (p / "run.json").is_file()]
-    return run
+    return sorted(p for p in runs.iterdir() if (p / "run.json").is_file())
 
 
 def _check_exact(trajectory: dict[str, Any], engine: list[dict[str, Any]]) -> int:
@@ -235,12 +250,22 @@ def test_every_call_is_the_engines_ids_through_a_recording_proxy(
 ) -> None:
     with RecordingProxy(vllm) as proxy:
         flags = ["--policy-version", "v3"] + ([] if stream else ["--no-stream"])
-        run = _run_cli(proxy.base_url, tmp_path / "runs", *flags)
-        engine = proxy.engine_calls()
+        runs = _run_cli(proxy.base_url, tmp_path / "runs", *flags, tasks=TASKS)
+        checked = one_segment = 0
+        for path in runs:
+            trajectory = trajectory_of(path, group_id="g")
+            engine = proxy.engine_calls(trajectory["messages"][1]["content"])
+            checked += _check_exact(trajectory, engine)
+            one_segment += len(trajectory["segments"]) == 1
+            assert all(c["policy_version"] == "v3" for c in trajectory["calls"])
+            assert all(bool(c["request"].get("stream")) is stream for c in engine)
+    print(
+        f"token exactness: {len(runs)} episodes, {checked} calls equal to the engine's; "
+        f"{one_segment} of {len(runs)} episodes one segment; breaks "
+        f"{[s['break_reason'] for p in runs for s in trajectory_of(p)['segments'][1:]]}"
+    )
+    run = runs[0]
     trajectory = trajectory_of(run, group_id="g")
-    assert _check_exact(trajectory, engine) == 4
-    assert all(c["policy_version"] == "v3" for c in trajectory["calls"])
-    assert all(bool(c["request"].get("stream")) is stream for c in engine)
     # export v4 carries the same calls and segments
     out = tmp_path / "export.jsonl"
     done = subprocess.run([sys.executable, "-m", "agentinfra", "export", str(run), "--out", str(out)],
@@ -271,7 +296,7 @@ def test_a_forced_trim_breaks_the_segment_with_its_cause(vllm: str, tmp_path: Pa
     with RecordingProxy(vllm) as proxy:
         config = LoopConfig(
             model=SMOLLM2_NAME, base_url=proxy.base_url, max_turns=6, nudges=10, max_output_tokens=48,
-            context_tokens=1600, keep_recent_turns=1, api_key_env="AGENTINFRA_TEST_KEY",
+            context_tokens=1600, keep_recent_turns=1, api_key_env="AGENTINFRA_TEST_KEY", capture_tokens=True,
         )  # fmt: skip
         spec = agent_run_spec("trim", PROBLEM, config, KernelSettings(), environment="kernels")
         run = RunDirectory.create(tmp_path / "trim", spec, grader_version="1.0.0")
@@ -282,9 +307,8 @@ def test_a_forced_trim_breaks_the_segment_with_its_cause(vllm: str, tmp_path: Pa
         finally:
             run.close()
         assert state.error is None, state.error
-        engine = proxy.engine_calls()
     trajectory = trajectory_of(run.path)
-    _check_exact(trajectory, engine)
+    _check_exact(trajectory, proxy.engine_calls(trajectory["messages"][1]["content"]))
     transcript = [json.loads(line) for line in run.layout.transcript.read_text().splitlines()]
     assert any(e["type"] == "context_trimmed" for e in transcript)
     assert "context_trim" in [s["break_reason"] for s in trajectory["segments"]]
