@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -44,7 +45,11 @@ def _serve(port_file: str, prompt: int, completion: int, with_ids: bool, stream:
         prompt_ids = state["ids"] + list(range(40))
         out = list(range(1000, 1000 + completion))
         state["ids"] = prompt_ids + out
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": completion, "total_tokens": 0}
+        usage = {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion,
+            "total_tokens": 0,
+        }
         ids = {"prompt_token_ids": prompt_ids} if with_ids else {}
         if not stream:
             choice = {"index": 0, "message": message, "finish_reason": "stop",
@@ -56,11 +61,31 @@ def _serve(port_file: str, prompt: int, completion: int, with_ids: bool, stream:
         for i in range(0, completion, 10):
             piece = {"index": 0, "delta": {"content": "thinking "},
                      "logprobs": {"content": logprobs[i : i + 10]}, **({"token_ids": out[i : i + 10]} if with_ids else {})}  # fmt: skip
-            chunks.append({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [piece]})
+            chunks.append(
+                {
+                    "id": "c",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [piece],
+                }
+            )
         chunks.append({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})  # fmt: skip
-        chunks.append({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [], "usage": usage})
-        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        chunks.append(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "m",
+                "choices": [],
+                "usage": usage,
+            }
+        )
+        return (
+            b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            + b"data: [DONE]\n\n"
+        )
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -90,31 +115,44 @@ def _serve(port_file: str, prompt: int, completion: int, with_ids: bool, stream:
     asyncio.run(main())
 
 
-async def _drive(base_url: str, turns: int, stream: bool, capture: bool, workdir: Path) -> list[float]:
+async def _drive(
+    base_url: str, turns: int, stream: bool, capture: bool, workdir: Path
+) -> list[float]:
     config = LoopConfig(model="m", base_url=base_url, stream=stream, max_turns=turns, nudges=turns + 1,
                         capture_tokens=capture, context_tokens=10_000_000)  # fmt: skip
-    client = ModelClient(base_url=base_url, model="m", api_key="k", api_key_env="K", profile=profile_for("m"))
+    client = ModelClient(
+        base_url=base_url, model="m", api_key="k", api_key_env="K", profile=profile_for("m")
+    )
     transcript = Transcript.open(workdir / "transcript.jsonl")
 
     async def noop(arguments: dict[str, Any]) -> str:
         return ""
 
-    tool = Tool(name="noop", description="does nothing", parameters={"type": "object", "properties": {}}, handler=noop)
+    tool = Tool(
+        name="noop",
+        description="does nothing",
+        parameters={"type": "object", "properties": {}},
+        handler=noop,
+    )
     loop = AgentLoop(config=config, client=client, tools=[tool], system_prompt="s", task_prompt="t",
                      transcript=transcript)  # fmt: skip
     await loop.run()
     await client.close()
     stamps = [e.mono_s for e in transcript.events if e.type == "model_response"]
     transcript.close()
-    return [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(stamps)]
 
 
 def _git_revision() -> str:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    )
     return done.stdout.strip()
 
 
-def measure(turns: int, prompt: int, completion: int, stream: bool, capture: bool) -> dict[str, Any]:
+def measure(
+    turns: int, prompt: int, completion: int, stream: bool, capture: bool
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = str(Path(tmp) / "port")
         server = subprocess.Popen([sys.executable, __file__, "--serve", port_file, "--prompt", str(prompt),
@@ -128,7 +166,11 @@ def measure(turns: int, prompt: int, completion: int, stream: bool, capture: boo
         finally:
             server.terminate()
             server.wait()
-        server_s = json.loads(Path(port_file + ".server").read_text()) if Path(port_file + ".server").is_file() else [0.0]
+        server_s = (
+            json.loads(Path(port_file + ".server").read_text())
+            if Path(port_file + ".server").is_file()
+            else [0.0]
+        )
     overhead_ms = sorted((t - statistics.median(server_s)) * 1000 for t in turn_s)
     return {
         "bench": "agent_call_overhead", "turns": turns, "prompt_tokens_start": prompt, "completion_tokens": completion,
@@ -139,7 +181,9 @@ def measure(turns: int, prompt: int, completion: int, stream: bool, capture: boo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--smoke", action="store_true", help="a few seconds: 20 turns")
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--prompt", type=int, default=4000)
@@ -154,7 +198,10 @@ def main() -> None:
     turns = 20 if args.smoke else args.turns
     for stream in (True, False):
         for capture in (False, True):
-            print(json.dumps(measure(turns, args.prompt, args.completion, stream, capture)), flush=True)
+            print(
+                json.dumps(measure(turns, args.prompt, args.completion, stream, capture)),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
