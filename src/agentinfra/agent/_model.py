@@ -10,6 +10,12 @@
   problems: one clear `AgentError` naming the knob, no retry.
 - `EndpointLimiter`: runs sharing an endpoint share its in-flight limit and
   request rate.
+- Token capture (``capture_tokens``): the request asks for the engine's ids and logprobs
+  (``logprobs: true`` and vLLM's ``return_token_ids: true``), and the reply's
+  ``prompt_token_ids`` (the first chunk when streaming), per-choice ``token_ids`` (a delta
+  per chunk when streaming) and ``logprobs.content[].logprob`` become the completion's
+  `CallTokens`, exactly as returned: nothing is re-tokenized. An endpoint that returns no
+  ids gives ``tokens=None``. `preflight` finds out once whether the endpoint returns them.
 """
 
 from __future__ import annotations
@@ -20,14 +26,23 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import openai
 
 from agentinfra.agent._profiles import ModelProfile
+from agentinfra.agent._segments import CallTokens
 from agentinfra.errors import AgentError
 
-__all__ = ["Completion", "EndpointLimiter", "ModelClient", "Usage", "preflight"]
+__all__ = [
+    "Completion",
+    "EndpointLimiter",
+    "ModelClient",
+    "TokenSupport",
+    "Usage",
+    "preflight",
+    "probe_tokens",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +63,15 @@ class Completion:
     finish_reason: str | None
     latency_s: float
     attempts: int
+    tokens: CallTokens | None = None
+    """The engine's ids and logprobs for this call; None when not asked for or not returned."""
+
+
+class _Reply(NamedTuple):
+    message: dict[str, Any]
+    usage: Usage
+    finish_reason: str | None
+    tokens: CallTokens | None
 
 
 @dataclass
@@ -130,11 +154,16 @@ class ModelClient:
         *,
         stream: bool,
         on_retry: RetryHook | None = None,
+        capture_tokens: bool = False,
     ) -> Completion:
         """One chat completion, retried on 429/5xx/connection errors.
 
+        With ``capture_tokens`` the request asks for the engine's ids and logprobs, and
+        `Completion.tokens` holds them exactly as returned (None when the endpoint sent none).
+
         Raises:
-            AgentError: a configuration problem (key, model, URL) or retries exhausted.
+            AgentError: a configuration problem (key, model, URL), retries exhausted, or an
+                error the server sent inside its reply.
         """
         started = time.monotonic()
         attempt = 0
@@ -143,8 +172,11 @@ class ModelClient:
             attempt += 1
             try:
                 async with self.limiter:
-                    message, usage, finish = await self._call(messages, tools, stream)
-                return Completion(message, usage, finish, time.monotonic() - started, attempt)
+                    reply = await self._call(messages, tools, stream, capture_tokens)
+                return Completion(
+                    reply.message, reply.usage, reply.finish_reason,
+                    time.monotonic() - started, attempt, reply.tokens,
+                )  # fmt: skip
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 unreached = False
@@ -189,75 +221,178 @@ class ModelClient:
         return float(min(60.0, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
 
     async def _call(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], stream: bool
-    ) -> tuple[dict[str, Any], Usage, str | None]:
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": list(messages),
-            **self.profile.sampling(),
-        }
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        stream: bool,
+        capture_tokens: bool,
+    ) -> _Reply:
+        kwargs: dict[str, Any] = {"model": self.model, "messages": [], **self.profile.sampling()}
+        # The history and the tools travel in ``extra_body`` (sent as given, and it takes
+        # precedence over ``messages=[]``): they are plain JSON already, and the SDK's typed
+        # transform of ``messages`` walks the whole history in Python on every call, which was
+        # most of agentinfra's own time per call on a long run (benchmarks/agent/bench_call_overhead.py).
+        kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "messages": list(messages)}
         if tools:
-            kwargs["tools"] = list(tools)
+            kwargs["extra_body"]["tools"] = list(tools)
         if self.kv_session:
             extra = dict(kwargs.get("extra_body") or {})
             extra["kv_transfer_params"] = {"agentinfra": {"session": self.kv_session}}
             kwargs["extra_body"] = extra
         if self.max_output_tokens:
             kwargs["max_tokens"] = self.max_output_tokens
+        if capture_tokens:
+            kwargs["logprobs"] = True
+            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "return_token_ids": True}
         if stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
-            result = await self._streamed(kwargs)
-        else:
-            response = await self._client.chat.completions.create(**kwargs)
-            if not response.choices:
-                raise AgentError(f"{self.base_url} returned no choices for model {self.model!r}")
-            choice = response.choices[0]
-            raw = choice.message.model_dump(exclude_none=True)
-            usage = Usage(
-                getattr(response.usage, "prompt_tokens", 0) or 0,
-                getattr(response.usage, "completion_tokens", 0) or 0,
-            )
-            result = (_clean_message(raw), usage, choice.finish_reason)
+        # The reply is read as JSON, not as the SDK's models: building a model per SSE chunk
+        # (one chunk per token on vLLM) and per logprob entry costs more than the rest of a
+        # call's handling. Errors are still the SDK's (raised before the body is read).
+        assembly = _Assembly(want_tokens=capture_tokens)
+        async with self._client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as response:
+            if stream:
+                async for line in response.iter_lines():
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        assembly.add_chunk(self._chunk(line[5:]))
+            else:
+                assembly.add_response(self._chunk(await response.text()))
+        if not assembly.has_choice:
+            raise AgentError(f"{self.base_url} returned no choices for model {self.model!r}")
         self._first_call = False
-        return result
+        return assembly.reply()
 
-    async def _streamed(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Usage, str | None]:
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        usage = Usage()
-        finish: str | None = None
-        stream = await self._client.chat.completions.create(**kwargs)
-        async for chunk in stream:
-            if chunk.usage is not None:
-                usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-            for choice in chunk.choices:
-                delta = choice.delta
-                if delta.content:
-                    content.append(delta.content)
-                extra = delta.model_extra or {}
-                piece = extra.get("reasoning_content") or extra.get("reasoning")
-                if isinstance(piece, str):
-                    reasoning.append(piece)
-                for call in delta.tool_calls or ():
-                    slot = calls.setdefault(
-                        call.index,
-                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-                    )
-                    if call.id:
-                        slot["id"] = call.id
-                    if call.function is not None:
-                        slot["function"]["name"] += call.function.name or ""
-                        slot["function"]["arguments"] += call.function.arguments or ""
-                if choice.finish_reason:
-                    finish = choice.finish_reason
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-        if reasoning:
-            message["reasoning_content"] = "".join(reasoning)
-        if calls:
-            message["tool_calls"] = [calls[i] for i in sorted(calls)]
-        return message, usage, finish
+    def _chunk(self, text: str) -> dict[str, Any]:
+        """One JSON body or SSE chunk; an error the server sent in it becomes an `AgentError`."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise AgentError(
+                f"{self.base_url} sent a reply that is not JSON: {text[:200]!r}"
+            ) from None
+        if not isinstance(data, dict):
+            raise AgentError(
+                f"{self.base_url} sent {type(data).__name__} where a JSON object belongs"
+            )
+        if data.get("error"):
+            raise AgentError(f"{self.base_url} failed while answering: {str(data['error'])[:500]}")
+        return data
+
+
+class _Assembly:
+    """A reply assembled from the JSON of a whole response or of its SSE chunks, exactly as sent. Pure."""
+
+    def __init__(self, *, want_tokens: bool) -> None:
+        self.want_tokens = want_tokens
+        self.has_choice = False
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] | None = None
+        """None until the engine sends ids (a delta per chunk when streaming)."""
+        self.logprobs: list[float] | None = None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage = Usage()
+        self.finish: str | None = None
+        self.message: dict[str, Any] | None = None
+
+    def add_response(self, data: dict[str, Any]) -> None:
+        choices = data.get("choices") or []
+        self._usage(data.get("usage"))
+        if not choices:
+            return
+        self.has_choice = True
+        choice = choices[0]
+        raw = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
+        self.message = _clean_message(raw)
+        self.finish = choice.get("finish_reason")
+        self.prompt_ids = data.get("prompt_token_ids")
+        self.completion_ids = choice.get("token_ids")
+        self.logprobs = _logprobs(choice.get("logprobs"))
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = chunk["prompt_token_ids"]
+        self._usage(chunk.get("usage"))
+        for choice in chunk.get("choices") or ():
+            self.has_choice = True
+            delta = choice.get("delta") or {}
+            ids = choice.get("token_ids")
+            if ids is not None:
+                if self.completion_ids is None:
+                    self.completion_ids = []
+                self.completion_ids.extend(ids)
+            piece = _logprobs(choice.get("logprobs"))
+            if piece is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(piece)
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str):
+                self.reasoning.append(thought)
+            for call in delta.get("tool_calls") or ():
+                self._tool_call(call)
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+
+    def _tool_call(self, call: dict[str, Any]) -> None:
+        slot = self.calls.setdefault(
+            int(call.get("index", 0)),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        slot["function"]["name"] += function.get("name") or ""
+        slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def _usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+
+    def reply(self) -> _Reply:
+        message = self.message
+        if message is None:
+            message = {"role": "assistant", "content": "".join(self.content) or None}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            if self.calls:
+                message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        tokens = None
+        if self.want_tokens:
+            tokens = _call_tokens(self.prompt_ids, self.completion_ids, self.logprobs)
+        return _Reply(message, self.usage, self.finish, tokens)
+
+
+def _logprobs(logprobs: Any) -> list[float] | None:
+    """The sampled tokens' logprobs of a choice (``logprobs.content[].logprob``); None when absent."""
+    if isinstance(logprobs, dict):
+        content = logprobs.get("content")
+    else:  # an SDK model (`probe_tokens`)
+        content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if content is None:
+        return None
+    return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
+
+
+def _call_tokens(
+    prompt_ids: Any, completion_ids: Any, logprobs: list[float] | None
+) -> CallTokens | None:
+    """The call's ids as returned; None unless the engine returned both prompt and completion ids.
+
+    Logprobs that do not pair one to one with the completion ids are dropped (None): a
+    misaligned logprob is worse than none to a trainer.
+    """
+    if not isinstance(prompt_ids, list) or not isinstance(completion_ids, list):
+        return None
+    if logprobs is not None and len(logprobs) != len(completion_ids):
+        logprobs = None
+    return CallTokens(prompt_ids, completion_ids, logprobs)
 
 
 def _clean_message(raw: dict[str, Any]) -> dict[str, Any]:
@@ -356,3 +491,71 @@ async def preflight(
                 ) from None
     finally:
         await client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSupport:
+    """Whether an endpoint returns the engine's token ids and logprobs (`probe_tokens`)."""
+
+    is_available: bool
+    detail: str
+    """One line for the user: what was found, and what follows from it."""
+
+
+async def probe_tokens(
+    *, base_url: str, model: str, api_key: str, force: bool = False, timeout_s: float = 60.0
+) -> TokenSupport:
+    """Finds out whether the endpoint returns the engine's token ids and logprobs.
+
+    An endpoint whose model list says vLLM (``owned_by: "vllm"``), or any endpoint when
+    ``force``, is asked for one token with ``return_token_ids`` and ``logprobs``; vLLM
+    (0.10.2 and later) answers with ``prompt_token_ids`` and per-choice ``token_ids``.
+    Any other endpoint is not asked (a hosted API rejects the unknown field, and
+    SGLang's OpenAI-compatible API returns no ids). No ids, or a refusal, gives
+    ``is_available=False``: its trajectories say ``tokens: "unavailable"``, never
+    re-tokenized. Reachability, key and model are `preflight`'s job; an error here is
+    reported as unavailable tokens, not raised.
+    """
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
+    )
+    try:
+        if not force:
+            try:
+                owners = {getattr(m, "owned_by", None) async for m in client.models.list()}
+            except openai.APIError:
+                owners = set()
+            if "vllm" not in owners:
+                return TokenSupport(
+                    False,
+                    f"{base_url} is not vLLM (its model list says owned_by {sorted(map(str, owners))}); token ids "
+                    'not requested, trajectories will say tokens: "unavailable" (--tokens asks anyway)',
+                )
+        response = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say OK."}], max_tokens=1,
+            logprobs=True, extra_body={"return_token_ids": True},
+        )  # fmt: skip
+    except openai.APIStatusError as exc:
+        return TokenSupport(
+            False,
+            f"{base_url} refused a request for token ids ({exc.status_code}: {_error_text(exc)}); "
+            'trajectories will say tokens: "unavailable"',
+        )
+    except openai.APIError as exc:
+        return TokenSupport(False, f"{base_url} did not answer the token probe: {exc}")
+    finally:
+        await client.close()
+    choice = response.choices[0] if response.choices else None
+    tokens = _call_tokens(
+        getattr(response, "prompt_token_ids", None),
+        getattr(choice, "token_ids", None),
+        _logprobs(choice.logprobs) if choice is not None else None,
+    )
+    if tokens is None:
+        return TokenSupport(
+            False,
+            f"{base_url} returns no token ids (vLLM's return_token_ids); "
+            'trajectories will say tokens: "unavailable" (nothing is re-tokenized)',
+        )
+    logprobs = "and logprobs" if tokens.completion_logprobs is not None else "but no logprobs"
+    return TokenSupport(True, f"{base_url} returns the engine's token ids {logprobs}")

@@ -1,4 +1,4 @@
-"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 3).
+"""Training data: one JSON record per agent run (format: docs/agent-export.md, ``schema_version`` 4).
 
 Read-only (`Journal.read`: a torn last line is skipped, nothing is written): the
 run's ``run.json``, its journal (trusted verdicts) and the agent transcript. The messages are the full history as the model produced it
@@ -6,13 +6,13 @@ run's ``run.json``, its journal (trusted verdicts) and the agent transcript. The
 harness's verdicts, never from anything the agent said; a run with any
 hack-flagged submission is zeroed as a whole and marked. With ``images_dir``,
 each image is copied there once under its content hash and referenced as
-``images/<sha256>.png`` (relative to the export file).
+``images/<sha256>.png`` (relative to the export file). Version 4 adds the trajectory's
+fields (`rollout_fields`: the engine's ids per call, segments, per-turn rewards, infra
+failure, time split), computed by the same code as `trajectory_of`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,53 +21,13 @@ from agentinfra.agent import LoopConfig, Usage, profile_for
 from agentinfra.environments import Anomaly
 from agentinfra.errors import HarnessError
 from agentinfra.harness._journal import Journal
-from agentinfra.harness._queue import graded_score
+from agentinfra.harness._run_records import agent_view, run_reward, submissions_of
 from agentinfra.harness._rundir import RunDirectory, RunLayout
+from agentinfra.harness._trajectory import rollout_fields
 
 __all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]
 
-EXPORT_SCHEMA_VERSION = 3
-
-
-def _reward(outcome: str | None, score: float | None) -> float:
-    """The reward of one submission: its score (in the environment's unit) when it passed, else 0."""
-    if outcome == "passed" and score is not None:
-        return score
-    return 0.0
-
-
-def _content(content: Any, run_path: Path, images_dir: Path | None) -> Any:
-    """A tool result as exported: text, or parts whose images name their file.
-
-    Without ``images_dir`` the path is the image's place in the run directory
-    (``agent/images/<sha256>.png``); with it, the image is copied there once and the
-    path is ``images/<sha256>.png``.
-    """
-    if not isinstance(content, list):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") == "image":
-            name = f"{part['sha256']}.png"
-            if images_dir is None:
-                part = {**part, "path": f"agent/images/{name}"}
-            else:
-                _copy_once(RunLayout(run_path).images / name, images_dir / name)
-                part = {**part, "path": f"{images_dir.name}/{name}"}
-        parts.append(part)
-    return parts
-
-
-def _copy_once(source: Path, target: Path) -> None:
-    """The image at ``target`` (content-addressed: one already there is the same image)."""
-    if target.exists():
-        return
-    if not source.is_file():
-        raise HarnessError(f"image {source} referenced by the transcript is missing")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}")
-    shutil.copyfile(source, partial)
-    os.replace(partial, target)
+EXPORT_SCHEMA_VERSION = 4
 
 
 def export_record(
@@ -85,57 +45,17 @@ def export_record(
         raise HarnessError(
             f"{run_path} has no agent transcript (agent/transcript.jsonl); only `agentinfra run` runs export"
         )
-    journal_events = Journal.read(layout.journal)
     agent_events = Journal.read(transcript_path)
-    messages: list[dict[str, Any]] = []
-    tools: list[dict[str, Any]] = []
-    config: dict[str, Any] = {}
-    stop: dict[str, Any] = {}
-    prompt = completion = 0
-    for event in agent_events:
-        data = event.data
-        if event.type == "loop_started" and not messages:
-            messages = list(data["messages"])
-            tools = data["tools"]
-            config = data["config"]
-        elif event.type == "model_response":
-            messages.append(data["message"])
-            prompt += data["usage"].get("prompt_tokens", 0)
-            completion += data["usage"].get("completion_tokens", 0)
-        elif event.type == "tool_result":
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": data["call_id"],
-                    "content": _content(data["content"], run_path, images_dir),
-                }
-            )
-        elif (
-            event.type == "feedback"
-        ):  # the loop's reminder or error after a reply with no usable call
-            messages.append({"role": "user", "content": data["text"]})
-        elif event.type == "stopped":
-            stop = data
-    received: dict[str, dict[str, Any]] = {}
-    graded: dict[str, dict[str, Any]] = {}
-    for event in journal_events:
-        if event.type == "submission_received":
-            received.setdefault(str(event.data["sha256"]), {**event.data, "seq": event.seq})
-        elif event.type == "graded":  # the latest grader version's verdict wins
-            graded[str(event.data["sha256"])] = event.data
-    submissions = []
-    units = {str(v.get("score_unit")) for v in graded.values() if v.get("score_unit")}
-    for sha, sub in sorted(received.items(), key=lambda item: item[1]["seq"]):
-        verdict = graded.get(sha, {})
-        outcome = verdict.get("outcome")
-        score = graded_score(verdict)
-        submissions.append({
-            "sha256": sha, "seq": sub["seq"], "turn": sub.get("turn"), "source": sub.get("source"),
-            "submitted_at_s": sub.get("submitted_at_s"), "outcome": outcome, "correct": verdict.get("correct"),
-            "score": score, "hack_flagged": outcome == "hack_flagged",
-            "reward": _reward(outcome, score), "graded": bool(verdict),
-        })  # fmt: skip
-    hacked = any(s["hack_flagged"] for s in submissions)
+    journal_events = Journal.read(layout.journal)
+    view = agent_view(agent_events, run_path, images_dir)
+    config, stop = view.config, view.stop
+    prompt, completion = view.prompt_tokens, view.completion_tokens
+    verdicts = submissions_of(journal_events)
+    units = {str(s["score_unit"]) for s in verdicts if s["score_unit"]}
+    submissions = [
+        {k: v for k, v in s.items() if k not in ("score_unit", "grader_version")} for s in verdicts
+    ]
+    reward, hacked = run_reward(submissions)
     model = config.get("model", "")
     cost = LoopConfig.from_json(config).cost(Usage(prompt, completion)) if config else None
     return {
@@ -147,14 +67,15 @@ def export_record(
         "model": model,
         "base_url": config.get("base_url"),
         "sampling": profile_for(model).sampling() if model else {},
-        "tools": tools,
-        "messages": messages,
+        "tools": view.tools,
+        "messages": view.messages,
         "submissions": submissions,
-        "reward": 0.0 if hacked else max((s["reward"] for s in submissions), default=0.0),
+        "reward": reward,
         "hack_flagged": hacked,
         "anomalies": [a.to_json() | {"run": Path(a.run).name} for a in anomalies],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion},
         "cost_usd": cost,
         "turns": stop.get("turns"),
         "stop_reason": stop.get("reason"),
+        **rollout_fields(agent_events, journal_events, layout, verdicts),
     }
