@@ -15,8 +15,10 @@ def test_a_group_is_admitted_whole_or_refused_with_retry_after() -> None:
     assert (
         refused.retry_after_s == 5
     )  # nothing finished yet: 5 s a rollout, 1 overflow over 2 slots
-    assert "g2" not in book.groups and "g2-0" not in book.entries  # nothing half-admitted
-    assert book.pending == 3 and book.queue_depth == 3
+    assert "g2" not in book.groups
+    assert "g2-0" not in book.entries
+    assert book.pending == 3
+    assert book.queue_depth == 3
     assert book.admit("g3", ["g3-0", "g3-1"]).is_accepted  # exactly fills it
     assert not book.admit("g4", ["g4-0"]).is_accepted
 
@@ -24,7 +26,8 @@ def test_a_group_is_admitted_whole_or_refused_with_retry_after() -> None:
 def test_the_backlog_never_exceeds_max_pending() -> None:
     book = RolloutBook(max_pending=4, concurrency=1)
     accepted = sum(book.admit(f"g{i}", [f"g{i}-0", f"g{i}-1"]).is_accepted for i in range(10))
-    assert accepted == 2 and book.pending == 4
+    assert accepted == 2
+    assert book.pending == 4
 
 
 def test_rollouts_start_in_order_and_finish_frees_room() -> None:
@@ -65,7 +68,8 @@ def test_grading_is_idempotent_and_bounded() -> None:
     assert ledger.claim("c").kind == "full"  # 2 distinct gradings at once
     ledger.settle("a", {"outcome": "passed"})
     claim = ledger.claim("a")
-    assert claim.kind == "done" and claim.answer == {"outcome": "passed"}
+    assert claim.kind == "done"
+    assert claim.answer == {"outcome": "passed"}
     assert ledger.claim("c").kind == "new"
     assert ledger.gradings == 3  # a, b, c: each graded once
 

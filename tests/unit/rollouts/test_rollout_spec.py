@@ -47,7 +47,8 @@ def test_grade_keys_change_with_every_part() -> None:
               grade_key("kernels", b"task2", "solution.py", b"code"),
               grade_key("kernels", b"task", "other.py", b"code"),
               grade_key("kernels", b"task", "solution.py", b"code2")}  # fmt: skip
-    assert key not in others and len(others) == 4
+    assert key not in others
+    assert len(others) == 4
 
 
 def test_infra_failures_are_labelled_by_kind() -> None:
