@@ -48,6 +48,7 @@ from agentinfra.agent._context import ContextBudget, estimate_tokens, trim_conte
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._profiles import profile_for
 from agentinfra.agent._replies import feedback_for, normalize_reply
+from agentinfra.agent._segments import call_tokens_of, encode_tokens
 from agentinfra.agent._toolcalls import ToolCall
 from agentinfra.agent._tools import Tool, tool_schemas
 from agentinfra.agent._transcript import (
@@ -102,6 +103,12 @@ class LoopConfig:
     keep_images: int | None = None
     """Keep only the last K images in the history; older ones become a one-line placeholder
     before any text is dropped (journalled like every trim). None: images go only when over budget."""
+    policy_version: str | None = None
+    """The weights' version the endpoint serves (``--policy-version``), recorded with every model
+    call (a trainer drops or corrects stale calls); `ModelClient.policy_version` may change it mid-run."""
+    capture_tokens: bool = True
+    """Ask the endpoint for the engine's token ids and logprobs with every call (vLLM's
+    ``return_token_ids``); `preflight` turns it off for an endpoint that refuses them."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -203,6 +210,10 @@ class AgentLoop:
         self.started_wall_s = clock()
         self.last_prompt_tokens = 0
         self.status = "starting"
+        self.policy_version = config.policy_version
+        """Recorded with each model call; a caller that swaps the endpoint's weights mid-run sets it."""
+        self._last_ids: list[int] | None = None
+        """The last call's ``prompt_ids + completion_ids``: the next call's prompt is journalled against it."""
         self._data_urls: dict[str, str] = {}
         self._parameters = {name: t.parameters for name, t in self.tools.items()}
         self._budget = ContextBudget(
@@ -261,6 +272,9 @@ class AgentLoop:
         self.turn = state.turn
         self.usage = state.usage
         self.last_prompt_tokens = state.last_prompt_tokens
+        calls, _ = call_tokens_of(self.transcript.events)
+        last = calls[-1] if calls else None
+        self._last_ids = last.all_ids if last is not None else None
         return state.pending
 
     # -- the turns ------------------------------------------------------------------------
@@ -274,8 +288,9 @@ class AgentLoop:
             self.turn += 1
             self.status = f"turn {self.turn}: waiting for the model"
             completion = await self.client.complete(
-                self._wire(), self.schemas, stream=self.config.stream, on_retry=self._journal_retry
-            )
+                self._wire(), self.schemas, stream=self.config.stream, on_retry=self._journal_retry,
+                capture_tokens=self.config.capture_tokens,
+            )  # fmt: skip
             calls = await self._record_reply(completion)
             if not calls:
                 if not await self._answer_no_call(completion.message.get("content") or ""):
@@ -296,6 +311,12 @@ class AgentLoop:
             self.usage.completion_tokens + completion.usage.completion_tokens,
         )
         self.last_prompt_tokens = completion.usage.prompt_tokens
+        tokens = None
+        if completion.tokens is not None:
+            tokens = encode_tokens(completion.tokens, self._last_ids)
+            self._last_ids = completion.tokens.all_ids
+        else:
+            self._last_ids = None
         await self.transcript.append_async(
             "model_response",
             {
@@ -303,7 +324,7 @@ class AgentLoop:
                 "usage": {"prompt_tokens": completion.usage.prompt_tokens,
                           "completion_tokens": completion.usage.completion_tokens},
                 "finish_reason": completion.finish_reason, "latency_s": round(completion.latency_s, 3),
-                "attempts": completion.attempts,
+                "attempts": completion.attempts, "tokens": tokens, "policy_version": self.policy_version,
             },
         )  # fmt: skip
         self.history.add_reply(reply.message)

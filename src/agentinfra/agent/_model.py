@@ -10,6 +10,12 @@
   problems: one clear `AgentError` naming the knob, no retry.
 - `EndpointLimiter`: runs sharing an endpoint share its in-flight limit and
   request rate.
+- Token capture (``capture_tokens``): the request asks for the engine's ids and logprobs
+  (``logprobs: true`` and vLLM's ``return_token_ids: true``), and the reply's
+  ``prompt_token_ids`` (the first chunk when streaming), per-choice ``token_ids`` (a delta
+  per chunk when streaming) and ``logprobs.content[].logprob`` become the completion's
+  `CallTokens`, exactly as returned: nothing is re-tokenized. An endpoint that returns no
+  ids gives ``tokens=None``. `preflight` finds out once whether the endpoint returns them.
 """
 
 from __future__ import annotations
@@ -20,14 +26,23 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import openai
 
 from agentinfra.agent._profiles import ModelProfile
+from agentinfra.agent._segments import CallTokens
 from agentinfra.errors import AgentError
 
-__all__ = ["Completion", "EndpointLimiter", "ModelClient", "Usage", "preflight"]
+__all__ = [
+    "Completion",
+    "EndpointLimiter",
+    "ModelClient",
+    "TokenSupport",
+    "Usage",
+    "preflight",
+    "probe_tokens",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +63,15 @@ class Completion:
     finish_reason: str | None
     latency_s: float
     attempts: int
+    tokens: CallTokens | None = None
+    """The engine's ids and logprobs for this call; None when not asked for or not returned."""
+
+
+class _Reply(NamedTuple):
+    message: dict[str, Any]
+    usage: Usage
+    finish_reason: str | None
+    tokens: CallTokens | None
 
 
 @dataclass
@@ -130,6 +154,7 @@ class ModelClient:
         *,
         stream: bool,
         on_retry: RetryHook | None = None,
+        capture_tokens: bool = False,
     ) -> Completion:
         """One chat completion, retried on 429/5xx/connection errors.
 
@@ -143,8 +168,11 @@ class ModelClient:
             attempt += 1
             try:
                 async with self.limiter:
-                    message, usage, finish = await self._call(messages, tools, stream)
-                return Completion(message, usage, finish, time.monotonic() - started, attempt)
+                    reply = await self._call(messages, tools, stream, capture_tokens)
+                return Completion(
+                    reply.message, reply.usage, reply.finish_reason,
+                    time.monotonic() - started, attempt, reply.tokens,
+                )  # fmt: skip
             except openai.APIStatusError as exc:
                 status = exc.status_code
                 unreached = False
@@ -189,8 +217,12 @@ class ModelClient:
         return float(min(60.0, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
 
     async def _call(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], stream: bool
-    ) -> tuple[dict[str, Any], Usage, str | None]:
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]],
+        stream: bool,
+        capture_tokens: bool,
+    ) -> _Reply:
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": list(messages),
@@ -204,6 +236,9 @@ class ModelClient:
             kwargs["extra_body"] = extra
         if self.max_output_tokens:
             kwargs["max_tokens"] = self.max_output_tokens
+        if capture_tokens:
+            kwargs["logprobs"] = True
+            kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "return_token_ids": True}
         if stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
@@ -218,11 +253,21 @@ class ModelClient:
                 getattr(response.usage, "prompt_tokens", 0) or 0,
                 getattr(response.usage, "completion_tokens", 0) or 0,
             )
-            result = (_clean_message(raw), usage, choice.finish_reason)
+            tokens = None
+            if capture_tokens:
+                tokens = _call_tokens(
+                    getattr(response, "prompt_token_ids", None),
+                    getattr(choice, "token_ids", None),
+                    _logprobs(choice.logprobs),
+                )
+            result = _Reply(_clean_message(raw), usage, choice.finish_reason, tokens)
         self._first_call = False
         return result
 
-    async def _streamed(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], Usage, str | None]:
+    async def _streamed(self, kwargs: dict[str, Any]) -> _Reply:
+        prompt_ids: list[int] | None = None
+        completion_ids: list[int] = []
+        logprobs: list[float] = []
         content: list[str] = []
         reasoning: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
@@ -230,10 +275,19 @@ class ModelClient:
         finish: str | None = None
         stream = await self._client.chat.completions.create(**kwargs)
         async for chunk in stream:
+            first_ids = getattr(chunk, "prompt_token_ids", None)
+            if first_ids is not None:
+                prompt_ids = first_ids
             if chunk.usage is not None:
                 usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
             for choice in chunk.choices:
                 delta = choice.delta
+                ids = getattr(choice, "token_ids", None)
+                if ids:
+                    completion_ids += ids
+                piece_logprobs = _logprobs(choice.logprobs)
+                if piece_logprobs:
+                    logprobs += piece_logprobs
                 if delta.content:
                     content.append(delta.content)
                 extra = delta.model_extra or {}
@@ -257,7 +311,33 @@ class ModelClient:
             message["reasoning_content"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = [calls[i] for i in sorted(calls)]
-        return message, usage, finish
+        tokens = None
+        if kwargs.get("logprobs"):
+            tokens = _call_tokens(prompt_ids, completion_ids, logprobs)
+        return _Reply(message, usage, finish, tokens)
+
+
+def _logprobs(logprobs: Any) -> list[float] | None:
+    """The sampled tokens' logprobs of a choice (``logprobs.content[].logprob``); None when absent."""
+    content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if content is None:
+        return None
+    return [float(entry.logprob) for entry in content]
+
+
+def _call_tokens(
+    prompt_ids: Any, completion_ids: Any, logprobs: list[float] | None
+) -> CallTokens | None:
+    """The call's ids as returned; None unless the engine returned both prompt and completion ids.
+
+    Logprobs that do not pair one to one with the completion ids are dropped (None): a
+    misaligned logprob is worse than none to a trainer.
+    """
+    if not isinstance(prompt_ids, list) or not isinstance(completion_ids, list):
+        return None
+    if logprobs is not None and len(logprobs) != len(completion_ids):
+        logprobs = None
+    return CallTokens(prompt_ids, completion_ids, logprobs)
 
 
 def _clean_message(raw: dict[str, Any]) -> dict[str, Any]:
@@ -356,3 +436,71 @@ async def preflight(
                 ) from None
     finally:
         await client.close()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSupport:
+    """Whether an endpoint returns the engine's token ids and logprobs (`probe_tokens`)."""
+
+    is_available: bool
+    detail: str
+    """One line for the user: what was found, and what follows from it."""
+
+
+async def probe_tokens(
+    *, base_url: str, model: str, api_key: str, force: bool = False, timeout_s: float = 60.0
+) -> TokenSupport:
+    """Finds out whether the endpoint returns the engine's token ids and logprobs.
+
+    An endpoint whose model list says vLLM (``owned_by: "vllm"``), or any endpoint when
+    ``force``, is asked for one token with ``return_token_ids`` and ``logprobs``; vLLM
+    (0.10.2 and later) answers with ``prompt_token_ids`` and per-choice ``token_ids``.
+    Any other endpoint is not asked (a hosted API rejects the unknown field, and
+    SGLang's OpenAI-compatible API returns no ids). No ids, or a refusal, gives
+    ``is_available=False``: its trajectories say ``tokens: "unavailable"``, never
+    re-tokenized. Reachability, key and model are `preflight`'s job; an error here is
+    reported as unavailable tokens, not raised.
+    """
+    client = openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
+    )
+    try:
+        if not force:
+            try:
+                owners = {getattr(m, "owned_by", None) async for m in client.models.list()}
+            except openai.APIError:
+                owners = set()
+            if "vllm" not in owners:
+                return TokenSupport(
+                    False,
+                    f"{base_url} is not vLLM (its model list says owned_by {sorted(map(str, owners))}); token ids "
+                    'not requested, trajectories will say tokens: "unavailable" (--tokens asks anyway)',
+                )
+        response = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Say OK."}], max_tokens=1,
+            logprobs=True, extra_body={"return_token_ids": True},
+        )  # fmt: skip
+    except openai.APIStatusError as exc:
+        return TokenSupport(
+            False,
+            f"{base_url} refused a request for token ids ({exc.status_code}: {_error_text(exc)}); "
+            'trajectories will say tokens: "unavailable"',
+        )
+    except openai.APIError as exc:
+        return TokenSupport(False, f"{base_url} did not answer the token probe: {exc}")
+    finally:
+        await client.close()
+    choice = response.choices[0] if response.choices else None
+    tokens = _call_tokens(
+        getattr(response, "prompt_token_ids", None),
+        getattr(choice, "token_ids", None),
+        _logprobs(choice.logprobs) if choice is not None else None,
+    )
+    if tokens is None:
+        return TokenSupport(
+            False,
+            f"{base_url} returns no token ids (vLLM's return_token_ids); "
+            'trajectories will say tokens: "unavailable" (nothing is re-tokenized)',
+        )
+    logprobs = "and logprobs" if tokens.completion_logprobs is not None else "but no logprobs"
+    return TokenSupport(True, f"{base_url} returns the engine's token ids {logprobs}")

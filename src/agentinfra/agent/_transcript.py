@@ -11,7 +11,10 @@ The events, in the order the loop writes them (every field as journalled):
 - ``loop_started`` {config, messages, tools}: the first event; ``messages`` are the
   system prompt and the task.
 - ``loop_resumed`` {turn, pending_calls}
-- ``model_response`` {turn, message, calls, usage, finish_reason, latency_s, attempts}
+- ``model_response`` {turn, message, calls, usage, finish_reason, latency_s, attempts, tokens,
+  policy_version}: ``tokens`` is the engine's ids and logprobs for the call as
+  `_segments.encode_tokens` journals them (``prompt_shared``, ``prompt_new``,
+  ``completion_ids``, ``completion_logprobs``), or null when the endpoint returned none.
 - ``tool_started`` {turn, call_id, name, arguments, error}; ``tool_result`` {turn,
   call_id, name, content, is_error}: a call with a start and no result runs again.
 - ``feedback`` {turn, kind, text}: the loop's answer to a reply with no tool call.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import glob
 import json
 import re
@@ -17,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 
 from agentinfra._settings import load_settings
-from agentinfra.agent import EndpointLimiter, LoopConfig, preflight
+from agentinfra.agent import EndpointLimiter, LoopConfig, preflight, probe_tokens
 from agentinfra.cli._runs import DEFAULT_ENVIRONMENT, EnvOption
 from agentinfra.environments import (
     Anomaly,
@@ -170,6 +171,20 @@ def run_command(
     desktops: Annotated[
         int | None, typer.Option("--desktops", help="desktop: live desktops at once (default 2).")
     ] = None,
+    policy_version: Annotated[
+        str | None,
+        typer.Option(
+            "--policy-version",
+            help="The version of the weights the endpoint serves, recorded with every model call.",
+        ),
+    ] = None,
+    capture_tokens: Annotated[
+        bool | None,
+        typer.Option(
+            "--tokens/--no-tokens",
+            help="Ask for the engine's token ids and logprobs; default: when the endpoint is vLLM.",
+        ),
+    ] = None,
     kv_hints: Annotated[
         str | None,
         typer.Option(
@@ -199,7 +214,7 @@ def run_command(
         max_output_tokens=max_output_tokens, price_in_per_mtok=price_in if price_in is not None else file_in,
         price_out_per_mtok=price_out if price_out is not None else file_out,
         request_timeout_s=settings.agent.request_timeout_s, keep_images=keep_screenshots,
-        kv_session=kv_hints is not None, nudges=nudges,
+        kv_session=kv_hints is not None, nudges=nudges, policy_version=policy_version,
     )  # fmt: skip
     kv_server = _kv_address(kv_hints) if kv_hints is not None else None
     api_key = api_key_from_env(api_key_env)
@@ -207,6 +222,16 @@ def run_command(
     asyncio.run(
         preflight(base_url=config.base_url, model=model, api_key=api_key, api_key_env=api_key_env)
     )
+    if capture_tokens is False:
+        config = dataclasses.replace(config, capture_tokens=False)
+    else:
+        support = asyncio.run(
+            probe_tokens(
+                base_url=config.base_url, model=model, api_key=api_key, force=bool(capture_tokens)
+            )
+        )
+        err.print(f"tokens: {support.detail}")
+        config = dataclasses.replace(config, capture_tokens=support.is_available)
     root = runs_dir or settings.harness.runs_dir
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model.split("/")[-1])

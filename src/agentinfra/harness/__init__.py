@@ -44,6 +44,7 @@ from agentinfra.harness._summary import (
     summarize,
     write_summary,
 )
+from agentinfra.harness._trajectory import TRAJECTORY_SCHEMA_VERSION, trajectory_of
 
 __all__ = [
     "AgentRunState",
@@ -71,6 +72,7 @@ __all__ = [
     "SUMMARY_SCHEMA_VERSION",
     "StoredSubmission",
     "SubmissionRecord",
+    "TRAJECTORY_SCHEMA_VERSION",
     "agent_run_spec",
     "anomalies",
     "api_key_from_env",
@@ -91,6 +93,7 @@ __all__ = [
     "run_agents",
     "run_view",
     "summarize",
+    "trajectory_of",
     "write_report",
     "write_summary",
 ]

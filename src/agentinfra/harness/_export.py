@@ -14,17 +14,25 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import LoopConfig, Usage, profile_for
 from agentinfra.environments import Anomaly
 from agentinfra.errors import HarnessError
-from agentinfra.harness._journal import Journal
+from agentinfra.harness._journal import Event, Journal
 from agentinfra.harness._queue import graded_score
 from agentinfra.harness._rundir import RunDirectory, RunLayout
 
-__all__ = ["EXPORT_SCHEMA_VERSION", "export_record"]
+__all__ = [
+    "EXPORT_SCHEMA_VERSION",
+    "AgentView",
+    "agent_view",
+    "export_record",
+    "run_reward",
+    "submissions_of",
+]
 
 EXPORT_SCHEMA_VERSION = 3
 
@@ -70,6 +78,81 @@ def _copy_once(source: Path, target: Path) -> None:
     os.replace(partial, target)
 
 
+@dataclass(slots=True)
+class AgentView:
+    """What the agent transcript says: the full history and the run's totals."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    stop: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+def agent_view(
+    agent_events: Sequence[Event], run_path: Path, images_dir: Path | None = None
+) -> AgentView:
+    """The history as the model produced it (nothing trimmed) and the usage, from the transcript's events."""
+    view = AgentView()
+    for event in agent_events:
+        data = event.data
+        if event.type == "loop_started" and not view.messages:
+            view.messages = list(data["messages"])
+            view.tools = data["tools"]
+            view.config = data["config"]
+        elif event.type == "model_response":
+            view.messages.append(data["message"])
+            view.prompt_tokens += data["usage"].get("prompt_tokens", 0)
+            view.completion_tokens += data["usage"].get("completion_tokens", 0)
+        elif event.type == "tool_result":
+            view.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": data["call_id"],
+                    "content": _content(data["content"], run_path, images_dir),
+                }
+            )
+        elif (
+            event.type == "feedback"
+        ):  # the loop's reminder or error after a reply with no usable call
+            view.messages.append({"role": "user", "content": data["text"]})
+        elif event.type == "stopped":
+            view.stop = data
+    return view
+
+
+def submissions_of(journal_events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Each distinct submission with its trusted verdict (the latest grader version's), in arrival order."""
+    received: dict[str, dict[str, Any]] = {}
+    graded: dict[str, dict[str, Any]] = {}
+    for event in journal_events:
+        if event.type == "submission_received":
+            received.setdefault(str(event.data["sha256"]), {**event.data, "seq": event.seq})
+        elif event.type == "graded":  # the latest grader version's verdict wins
+            graded[str(event.data["sha256"])] = event.data
+    submissions = []
+    for sha, sub in sorted(received.items(), key=lambda item: item[1]["seq"]):
+        verdict = graded.get(sha, {})
+        outcome = verdict.get("outcome")
+        score = graded_score(verdict)
+        submissions.append({
+            "sha256": sha, "seq": sub["seq"], "turn": sub.get("turn"), "source": sub.get("source"),
+            "submitted_at_s": sub.get("submitted_at_s"), "outcome": outcome, "correct": verdict.get("correct"),
+            "score": score, "hack_flagged": outcome == "hack_flagged",
+            "reward": _reward(outcome, score), "graded": bool(verdict),
+            "score_unit": verdict.get("score_unit"), "grader_version": verdict.get("grader_version"),
+        })  # fmt: skip
+    return submissions
+
+
+def run_reward(submissions: Sequence[dict[str, Any]]) -> tuple[float, bool]:
+    """The run's reward and whether it is hack-flagged: the best submission's reward, 0 for a run that cheated anywhere."""
+    hacked = any(s["hack_flagged"] for s in submissions)
+    best = max((s["reward"] for s in submissions), default=0.0)
+    return (0.0 if hacked else best), hacked
+
+
 def export_record(
     run_path: Path, *, images_dir: Path | None = None, anomalies: Sequence[Anomaly] = ()
 ) -> dict[str, Any]:
@@ -85,57 +168,15 @@ def export_record(
         raise HarnessError(
             f"{run_path} has no agent transcript (agent/transcript.jsonl); only `agentinfra run` runs export"
         )
-    journal_events = Journal.read(layout.journal)
-    agent_events = Journal.read(transcript_path)
-    messages: list[dict[str, Any]] = []
-    tools: list[dict[str, Any]] = []
-    config: dict[str, Any] = {}
-    stop: dict[str, Any] = {}
-    prompt = completion = 0
-    for event in agent_events:
-        data = event.data
-        if event.type == "loop_started" and not messages:
-            messages = list(data["messages"])
-            tools = data["tools"]
-            config = data["config"]
-        elif event.type == "model_response":
-            messages.append(data["message"])
-            prompt += data["usage"].get("prompt_tokens", 0)
-            completion += data["usage"].get("completion_tokens", 0)
-        elif event.type == "tool_result":
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": data["call_id"],
-                    "content": _content(data["content"], run_path, images_dir),
-                }
-            )
-        elif (
-            event.type == "feedback"
-        ):  # the loop's reminder or error after a reply with no usable call
-            messages.append({"role": "user", "content": data["text"]})
-        elif event.type == "stopped":
-            stop = data
-    received: dict[str, dict[str, Any]] = {}
-    graded: dict[str, dict[str, Any]] = {}
-    for event in journal_events:
-        if event.type == "submission_received":
-            received.setdefault(str(event.data["sha256"]), {**event.data, "seq": event.seq})
-        elif event.type == "graded":  # the latest grader version's verdict wins
-            graded[str(event.data["sha256"])] = event.data
-    submissions = []
-    units = {str(v.get("score_unit")) for v in graded.values() if v.get("score_unit")}
-    for sha, sub in sorted(received.items(), key=lambda item: item[1]["seq"]):
-        verdict = graded.get(sha, {})
-        outcome = verdict.get("outcome")
-        score = graded_score(verdict)
-        submissions.append({
-            "sha256": sha, "seq": sub["seq"], "turn": sub.get("turn"), "source": sub.get("source"),
-            "submitted_at_s": sub.get("submitted_at_s"), "outcome": outcome, "correct": verdict.get("correct"),
-            "score": score, "hack_flagged": outcome == "hack_flagged",
-            "reward": _reward(outcome, score), "graded": bool(verdict),
-        })  # fmt: skip
-    hacked = any(s["hack_flagged"] for s in submissions)
+    view = agent_view(Journal.read(transcript_path), run_path, images_dir)
+    config, stop = view.config, view.stop
+    prompt, completion = view.prompt_tokens, view.completion_tokens
+    verdicts = submissions_of(Journal.read(layout.journal))
+    units = {str(s["score_unit"]) for s in verdicts if s["score_unit"]}
+    submissions = [
+        {k: v for k, v in s.items() if k not in ("score_unit", "grader_version")} for s in verdicts
+    ]
+    reward, hacked = run_reward(submissions)
     model = config.get("model", "")
     cost = LoopConfig.from_json(config).cost(Usage(prompt, completion)) if config else None
     return {
@@ -147,10 +188,10 @@ def export_record(
         "model": model,
         "base_url": config.get("base_url"),
         "sampling": profile_for(model).sampling() if model else {},
-        "tools": tools,
-        "messages": messages,
+        "tools": view.tools,
+        "messages": view.messages,
         "submissions": submissions,
-        "reward": 0.0 if hacked else max((s["reward"] for s in submissions), default=0.0),
+        "reward": reward,
         "hack_flagged": hacked,
         "anomalies": [a.to_json() | {"run": Path(a.run).name} for a in anomalies],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion},

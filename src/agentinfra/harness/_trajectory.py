@@ -1,0 +1,213 @@
+"""One agent run as a trajectory a trainer consumes (docs/trajectory.md, ``schema_version`` 1).
+
+Read-only over the run directory, like export (`Journal.read`: a torn last line is
+skipped, nothing is written), and built from the same functions as export: the history
+(`agent_view`), the trusted verdicts (`submissions_of`) and the run's reward
+(`run_reward`). The tokens are the engine's, as journalled per call; nothing is ever
+re-tokenized: an endpoint that returned no ids gives ``tokens: "unavailable"`` and no
+segments. A run that is still going, or was cancelled, reads the same way (its partial
+trajectory): every model call is journalled before the loop moves on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentinfra.agent import call_tokens_of, split_segments
+from agentinfra.errors import AgentError, HarnessError
+from agentinfra.harness._export import agent_view, run_reward, submissions_of
+from agentinfra.harness._journal import Event, Journal
+from agentinfra.harness._rundir import RunDirectory, RunLayout
+
+__all__ = ["TRAJECTORY_SCHEMA_VERSION", "infra_failure_of", "trajectory_of"]
+
+TRAJECTORY_SCHEMA_VERSION = 1
+
+
+def trajectory_of(
+    run_dir: Path,
+    *,
+    group_id: str | None = None,
+    cancelled: str | None = None,
+    error: BaseException | None = None,
+) -> dict[str, Any]:
+    """One finished (or partial) agent run as a trajectory (docs/trajectory.md, schema_version 1).
+
+    Args:
+        run_dir: the run directory (``agentinfra run``'s).
+        group_id: the group the rollout belongs to, as the caller named it.
+        cancelled: the rollout was cancelled; this is why (``infra_failure`` kind ``cancelled``).
+        error: the exception that ended the run in the caller, when one did (classified
+            into ``infra_failure``: `AgentError` is ``model_error``, anything else
+            ``environment_died``).
+
+    Raises:
+        HarnessError: not a run directory, or a run without an agent transcript.
+    """
+    info = RunDirectory.read_info(run_dir)
+    layout = RunLayout(run_dir)
+    if not layout.transcript.is_file():
+        raise HarnessError(
+            f"{run_dir} has no agent transcript (agent/transcript.jsonl); only `agentinfra run` runs give trajectories"
+        )
+    agent_events = Journal.read(layout.transcript)
+    journal_events = Journal.read(layout.journal)
+    view = agent_view(agent_events, run_dir)
+    verdicts = submissions_of(journal_events)
+    reward, hacked = run_reward(verdicts)
+    calls = _calls(agent_events)
+    tokens = _tokens_state(calls)
+    segments = [s.to_json() for s in split_segments(*call_tokens_of(agent_events))]
+    config = view.config
+    return {
+        "schema_version": TRAJECTORY_SCHEMA_VERSION,
+        "run_id": info.spec.run_id,
+        "environment": info.spec.environment,
+        "task": Path(info.spec.task).name,
+        "group_id": group_id,
+        "model": config.get("model", ""),
+        "base_url": config.get("base_url"),
+        "policy_version": config.get("policy_version"),
+        "tokens": tokens,
+        "calls": calls,
+        "segments": segments if tokens != "unavailable" else [],
+        "messages": view.messages,
+        "tools": view.tools,
+        "reward": reward,
+        "turn_rewards": [
+            {
+                "turn": s["turn"],
+                "submission_sha256": s["sha256"],
+                "outcome": s["outcome"],
+                "score": s["score"],
+                "reward": 0.0 if hacked else s["reward"],
+            }
+            for s in verdicts
+            if s["graded"]
+        ],
+        "hack_flagged": hacked,
+        "infra_failure": infra_failure_of(
+            agent_events, verdicts, layout, cancelled=cancelled, error=error
+        ),
+        "stop_reason": _stop_reason(agent_events, view.stop),
+        "turns": view.stop.get("turns", len(calls)),
+        "time": _time_split(agent_events, journal_events),
+        "usage": {"prompt_tokens": view.prompt_tokens, "completion_tokens": view.completion_tokens},
+    }
+
+
+def _calls(agent_events: Sequence[Event]) -> list[dict[str, Any]]:
+    """Per model call: exactly the contract's fields (ids None where the engine returned none)."""
+    tokens, _ = call_tokens_of(agent_events)
+    replies = [e.data for e in agent_events if e.type == "model_response"]
+    return [
+        {"turn": data["turn"],
+         "prompt_ids": None if ids is None else list(ids.prompt_ids),
+         "completion_ids": None if ids is None else list(ids.completion_ids),
+         "completion_logprobs": None if ids is None or ids.completion_logprobs is None
+         else list(ids.completion_logprobs),
+         "finish_reason": data.get("finish_reason"), "policy_version": data.get("policy_version")}
+        for data, ids in zip(replies, tokens, strict=True)
+    ]  # fmt: skip
+
+
+def _tokens_state(calls: Sequence[dict[str, Any]]) -> str:
+    """``exact`` when every call has the engine's ids, ``unavailable`` when none has, else ``partial``."""
+    having = sum(
+        1 for c in calls if c["prompt_ids"] is not None and c["completion_ids"] is not None
+    )
+    if having and having == len(calls):
+        return "exact"
+    return "partial" if having else "unavailable"
+
+
+def _stop_reason(agent_events: Sequence[Event], stop: dict[str, Any]) -> str | None:
+    """Export's stop reason; ``no_action`` for a run that ended ``done`` without ever calling a tool."""
+    reason = stop.get("reason")
+    if reason == "done" and not any(e.type == "tool_started" for e in agent_events):
+        return "no_action"
+    return reason if isinstance(reason, str) else None
+
+
+def infra_failure_of(
+    agent_events: Sequence[Event],
+    verdicts: Sequence[dict[str, Any]],
+    layout: RunLayout,
+    *,
+    cancelled: str | None = None,
+    error: BaseException | None = None,
+) -> dict[str, str] | None:
+    """What failed outside the episode's control, or None: never confused with a failed episode.
+
+    In order: ``cancelled``; ``model_error`` (the loop journalled ``failed``: the model
+    server kept failing after retries, or refused the request); the caller's ``error``;
+    ``grader_error`` (a verdict that is a grader failure, not the problem's own refusal).
+    """
+    if cancelled is not None:
+        return {"kind": "cancelled", "message": cancelled}
+    failed = [e for e in agent_events if e.type == "failed"]
+    if failed:
+        return {"kind": "model_error", "message": str(failed[-1].data.get("error", ""))}
+    if error is not None:
+        kind = "model_error" if isinstance(error, AgentError) else "environment_died"
+        return {"kind": kind, "message": f"{type(error).__name__}: {error}"[:2000]}
+    for verdict in verdicts:
+        if verdict["outcome"] == "grader_error" and not _problem_refused(layout, verdict):
+            return {
+                "kind": "grader_error",
+                "message": f"submission {verdict['sha256'][:12]}: {_grader_message(layout, verdict)}",
+            }
+    return None
+
+
+def _evaluation(layout: RunLayout, verdict: dict[str, Any]) -> dict[str, Any]:
+    version = verdict.get("grader_version")
+    if not version:
+        return {}
+    path = layout.evaluation_path(verdict["sha256"], str(version))
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _problem_refused(layout: RunLayout, verdict: dict[str, Any]) -> bool:
+    """A ``grader_error`` that blames the problem (a ``problem`` finding) is the task's, not the infrastructure's."""
+    findings = _evaluation(layout, verdict).get("findings") or []
+    return any(isinstance(f, dict) and f.get("check") == "problem" for f in findings)
+
+
+def _grader_message(layout: RunLayout, verdict: dict[str, Any]) -> str:
+    return str(_evaluation(layout, verdict).get("error") or "grader error")[:2000]
+
+
+def _time_split(agent_events: Sequence[Event], journal_events: Sequence[Event]) -> dict[str, float]:
+    """Seconds spent in model calls, in tools, in grading, and from the first event to the last."""
+    model_s = sum(
+        float(e.data.get("latency_s", 0.0)) for e in agent_events if e.type == "model_response"
+    )
+    tools_s = 0.0
+    started: dict[str, float] = {}
+    for event in agent_events:
+        if event.type == "tool_started":
+            started[str(event.data.get("call_id"))] = event.wall_s
+        elif event.type == "tool_result" and str(event.data.get("call_id")) in started:
+            tools_s += event.wall_s - started.pop(str(event.data.get("call_id")))
+    grading_s = 0.0
+    grading: dict[str, float] = {}
+    for event in journal_events:
+        if event.type == "grading_started":
+            grading[str(event.data.get("sha256"))] = event.wall_s
+        elif event.type == "graded" and str(event.data.get("sha256")) in grading:
+            grading_s += event.wall_s - grading.pop(str(event.data.get("sha256")))
+    wall_s = agent_events[-1].wall_s - agent_events[0].wall_s if agent_events else 0.0
+    return {
+        "model_s": round(model_s, 3),
+        "tools_s": round(tools_s, 3),
+        "grading_s": round(grading_s, 3),
+        "wall_s": round(wall_s, 3),
+    }
