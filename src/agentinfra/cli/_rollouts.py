@@ -73,6 +73,9 @@ def run_command(
     max_output_tokens: Annotated[int | None, typer.Option("--max-output-tokens")] = None,
     context_tokens: Annotated[int, typer.Option("--context-tokens")] = 196_608,
     nudges: Annotated[int, typer.Option("--nudges")] = 0,
+    max_retries: Annotated[
+        int, typer.Option("--max-retries", help="Retries of a failed model call before model_error.")
+    ] = 6,
     eval_workers: Annotated[int, typer.Option("--eval-workers")] = 1,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Where run directories go.")
@@ -116,6 +119,7 @@ def run_command(
             context_tokens=context_tokens,
             max_output_tokens=max_output_tokens,
             nudges=nudges,
+            max_retries=max_retries,
             options=options,
             request_timeout_s=settings.agent.request_timeout_s,
             kv_session=kv_hints is not None,

@@ -41,6 +41,7 @@ from agentinfra.harness import (
     RunDirectory,
     agent_run_spec,
     run_agent,
+    trajectory_of,
 )
 from agentinfra.rollouts._spec import ROLLOUT_SCHEMA_VERSION, Group
 
@@ -112,8 +113,6 @@ def read_trajectory(
     A run that cannot be read as a trajectory (it ended before its first model call was
     journalled) still gives one: no calls, no tokens, reward 0, and its infra failure.
     """
-    from agentinfra.harness import trajectory_of  # until helper C's trajectory_of lands
-
     try:
         trajectory: dict[str, Any] = trajectory_of(
             path, group_id=group.group_id, cancelled=cancelled

@@ -50,6 +50,8 @@ class GroupRequest(BaseModel):
     max_output_tokens: int | None = Field(default=None, ge=1)
     nudges: int = Field(default=0, ge=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=6, ge=0)
+    """Retries of a failed model call before the rollout ends as a ``model_error``."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The environment's agent options (``--env-option``), checked by its agent-options model."""
     kv_session: bool = False
@@ -69,7 +71,7 @@ class GroupRequest(BaseModel):
             stream=self.stream, max_turns=self.max_turns, max_tokens=self.max_tokens,
             wall_hours=self.hours, context_tokens=self.context_tokens,
             max_output_tokens=self.max_output_tokens, nudges=self.nudges,
-            request_timeout_s=self.request_timeout_s, kv_session=self.kv_session, **extra,
+            request_timeout_s=self.request_timeout_s, max_retries=self.max_retries, kv_session=self.kv_session, **extra,
         )  # fmt: skip
 
 
