@@ -1,0 +1,63 @@
+"""The runner's pieces: gradings with the group's seed; a trajectory even when no run could be read."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agentinfra.environments import Evaluation, Outcome, Submission, Task
+from agentinfra.environments.kernels import KernelSettings
+from agentinfra.harness import EvaluationRequest
+from agentinfra.rollouts import GroupRequest, SeededExecutor, new_group, read_trajectory
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seeds: list[int | None] = []
+
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+        self.seeds.append(request.seed)
+        return Evaluation(
+            environment="kernels", outcome=Outcome.PASSED, correct=True, score_unit="x"
+        )
+
+
+def test_every_grading_of_a_group_uses_its_hidden_seed() -> None:
+    executor = SeededExecutor(1234)
+    recorder = _Recorder()
+    executor._local = recorder  # type: ignore[assignment]
+    request = EvaluationRequest(
+        environment="kernels", task=Task(name="t", data=b"x"), settings=KernelSettings(),
+        submission=Submission(data=b"code"),
+    )  # fmt: skip
+    for _ in range(2):
+        asyncio.run(executor.evaluate(request))
+    assert recorder.seeds == [1234, 1234]  # never the fresh (None) seed of a plain run
+
+
+def _group() -> Any:
+    return new_group(GroupRequest(environment="kernels", task="/t.py", group_size=2, model="m",
+                                  base_url="http://127.0.0.1:1/v1", policy_version="v3"))  # fmt: skip
+
+
+def test_a_rollout_cancelled_before_it_started_still_has_a_trajectory(tmp_path: Path) -> None:
+    group = _group()
+    rid = group.rollout_ids[1]
+    trajectory = read_trajectory(tmp_path / rid, group, cancelled="stale")
+    assert trajectory["infra_failure"] == {"kind": "cancelled", "message": "stale"}
+    assert trajectory["group_id"] == group.group_id
+    assert trajectory["policy_version"] == "v3"
+    assert trajectory["tokens"] == "unavailable"
+    assert trajectory["calls"] == []
+    assert trajectory["reward"] == 0.0
+    assert trajectory["rollout"]["index"] == 1
+
+
+def test_an_unreadable_run_is_an_infra_failure_not_a_bad_episode(tmp_path: Path) -> None:
+    group = _group()
+    trajectory = read_trajectory(tmp_path / group.rollout_ids[0], group)
+    assert trajectory["infra_failure"]["kind"] == "internal"
+    failure = {"kind": "environment_died", "message": "desktop gone"}
+    labelled = read_trajectory(tmp_path / group.rollout_ids[0], group, failure=failure)
+    assert labelled["infra_failure"] == failure
