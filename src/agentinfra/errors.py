@@ -102,7 +102,9 @@ class RolloutError(AgentInfraError):
     """The rollout service failed, or refused a request (``status``: its HTTP status, 0 when none;
     ``retry_after_s``: a 429's ``Retry-After``)."""
 
-    def __init__(self, message: str, *, status: int = 0, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int = 0, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retry_after_s = retry_after_s

@@ -74,7 +74,8 @@ def run_command(
     context_tokens: Annotated[int, typer.Option("--context-tokens")] = 196_608,
     nudges: Annotated[int, typer.Option("--nudges")] = 0,
     max_retries: Annotated[
-        int, typer.Option("--max-retries", help="Retries of a failed model call before model_error.")
+        int,
+        typer.Option("--max-retries", help="Retries of a failed model call before model_error."),
     ] = 6,
     eval_workers: Annotated[int, typer.Option("--eval-workers")] = 1,
     runs_dir: Annotated[
