@@ -136,7 +136,7 @@ class _Metrics:
         )  # fmt: skip
         self.call_overhead_s = Histogram(
             "agentinfra_rollouts_call_overhead_seconds",
-            "Per model call: a rollout's wall time less model, tool and grading time, over its calls",
+            "Per model call: a rollout's wall time less model and tool time (gradings overlap them), over its calls",
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1),
         )  # fmt: skip
@@ -366,7 +366,7 @@ class RolloutService:
             return
         try:
             rest = float(times["wall_s"]) - sum(
-                float(times.get(k) or 0.0) for k in ("model_s", "tools_s", "grading_s")
+                float(times.get(k) or 0.0) for k in ("model_s", "tools_s")
             )
         except (KeyError, TypeError, ValueError):
             return

@@ -1,0 +1,271 @@
+"""Rollouts through `agentinfra rollouts serve`: throughput, overhead, cancel latency, kill -9, fault labels.
+
+    .venv/bin/python benchmarks/rollouts/bench_rollouts.py [--smoke] [--groups 4] [--group-size 4]
+        [--concurrency 8] [--policy scripted|smollm2] [--out results/rollouts.jsonl]
+
+The service runs as a child process (``agentinfra rollouts serve``), reached with
+`RolloutClient` over real HTTP; the environment is kernels on
+``examples/kernels/problems/10_slow_rowwise_softmax.py``, graded by the real grader in
+its jails. The policy is the scripted OpenAI-compatible server (`ScriptedModelServer`:
+writes the honest kernel, submits it, waits for the verdict, stops: 4 model calls,
+one grading), or SmolLM2-135M-Instruct in vLLM (``--policy smollm2``; `VllmServer`).
+
+Parts, one JSON line each (with the git revision, Python and the machine):
+
+- ``throughput``: ``--groups`` groups of ``--group-size`` at ``--concurrency``
+  rollouts at once; rollouts per minute from the first submit to the last
+  trajectory; per model call, agentinfra's own time (a rollout's wall time less
+  model and tool time, over its calls; p50/p90); the grading (sandbox) share of the
+  rollouts' summed wall time; infra failures.
+- ``cancel``: a group of 4 against a model that answers after 30 s; each rollout
+  cancelled once it has called the model; latency p50/max, trajectories labelled.
+- ``kill9``: a group of 4 (scripted policy), ``kill -9`` of the service while a
+  grading jail runs, a restart; trajectories finished, labels, processes left
+  under sandbox uids after the restarted service stops (orphans).
+- ``faults``: the model server killed under a group of 4 (``max_retries`` 1), and
+  4 gradings through ``POST /v1/grade`` with a 0.5 s grading timeout; labelled
+  infra failures over injected faults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentinfra.agent import Reply, ScriptedModelServer
+from agentinfra.rollouts import RolloutClient, sandbox_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
+HONEST = (ROOT / "examples/kernels/submissions/10_fast_softmax.py").read_text()
+MODEL = "scripted-policy"
+ENV = {**os.environ, "OPENAI_API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
+
+
+def _assistants(body: dict[str, Any]) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "assistant")
+
+
+def solver(body: dict[str, Any]) -> Reply:
+    step = _assistants(body)
+    if step == 0:
+        return Reply(
+            tool_calls=[("write_file", json.dumps({"path": "solution.py", "content": HONEST}))]
+        )
+    if step == 1:
+        return Reply(tool_calls=[("submit", json.dumps({"path": "solution.py"}))])
+    if step == 2:
+        return Reply(tool_calls=[("results", json.dumps({"wait_s": 300}))])
+    return Reply(content="done")
+
+
+def sleeper(body: dict[str, Any]) -> Reply:
+    return Reply(tool_calls=[("list_files", "{}")], delay_s=30.0)
+
+
+class Service:
+    """`agentinfra rollouts serve` in a child process on a free port."""
+
+    def __init__(self, state_dir: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        log_path = state_dir.parent / f"{state_dir.name}-{time.monotonic_ns()}.log"
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "agentinfra", "rollouts", "serve", "--port", "0",
+                 "--state-dir", str(state_dir), *extra],
+                stdout=log, stderr=log, env=env or ENV, cwd=ROOT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            found = re.search(
+                r"serving rollouts on (http://\S+)", log_path.read_text(errors="replace")
+            )
+            if found:
+                self.client = RolloutClient(found.group(1))
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise SystemExit(f"the service did not start:\n{log_path.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(120)
+
+
+def _group(base_url: str, size: int, model: str = MODEL, **fields: Any) -> dict[str, Any]:
+    return {"environment": "kernels", "task": str(PROBLEM), "group_size": size, "model": model,
+            "base_url": base_url, **fields}  # fmt: skip
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def throughput(
+    folder: Path, args: argparse.Namespace, base_url: str, model: str, **fields: Any
+) -> dict[str, Any]:
+    service = Service(folder / "throughput", "--concurrency", str(args.concurrency),
+                      "--max-pending", str(max(64, args.groups * args.group_size)))  # fmt: skip
+    try:
+        started = time.monotonic()
+        groups = [service.client.submit_group(_group(base_url, args.group_size, model, **fields))
+                  for _ in range(args.groups)]  # fmt: skip
+        trajectories = [t for g in groups for t in service.client.trajectories(g["group_id"])]
+        wall_s = time.monotonic() - started
+    finally:
+        service.stop()
+    overhead_ms = []
+    walls, gradings = 0.0, 0.0
+    for t in trajectories:
+        times, calls = t.get("time") or {}, t.get("calls") or []
+        if times and calls:
+            rest = times["wall_s"] - times["model_s"] - times["tools_s"]
+            overhead_ms.append(1000 * rest / len(calls))
+            walls += times["wall_s"]
+            gradings += times["grading_s"]
+    return {
+        "part": "throughput", "groups": args.groups, "group_size": args.group_size,
+        "concurrency": args.concurrency, "rollouts": len(trajectories), "wall_s": round(wall_s, 2),
+        "rollouts_per_min": round(60 * len(trajectories) / wall_s, 2),
+        "calls": sum(len(t.get("calls") or []) for t in trajectories),
+        "overhead_ms_per_call_p50": _round(_percentile(overhead_ms, 0.5)),
+        "overhead_ms_per_call_p90": _round(_percentile(overhead_ms, 0.9)),
+        "grading_share_of_wall": round(gradings / walls, 3) if walls else None,
+        "mean_rollout_wall_s": round(walls / len(trajectories), 2) if trajectories else None,
+        "infra_failures": sum(1 for t in trajectories if t.get("infra_failure")),
+        "rewards": sorted({t.get("reward") for t in trajectories}, key=str),
+        "outcomes": sorted(r["outcome"] for t in trajectories for r in t.get("turn_rewards", [])),
+        "tokens": sorted({t.get("tokens") for t in trajectories}),
+    }  # fmt: skip
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def cancel(folder: Path) -> dict[str, Any]:
+    with ScriptedModelServer(sleeper, models=[MODEL]) as slow:
+        service = Service(folder / "cancel", "--concurrency", "4")
+        try:
+            group = service.client.submit_group(_group(slow.base_url, 4))
+            deadline = time.monotonic() + 60
+            while len(slow.requests) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            latencies, labelled = [], 0
+            for rid in group["rollout_ids"]:
+                started = time.monotonic()
+                answer = service.client.cancel(rid, "stale policy")
+                latencies.append(time.monotonic() - started)
+                labelled += (answer["trajectory"]["infra_failure"] or {}).get("kind") == "cancelled"
+        finally:
+            service.stop()
+    return {"part": "cancel", "cancelled": len(latencies), "labelled_cancelled": labelled,
+            "latency_s_p50": round(statistics.median(latencies), 3), "latency_s_max": round(max(latencies), 3)}  # fmt: skip
+
+
+def kill9(folder: Path) -> dict[str, Any]:
+    before = {(pid, uid) for uid, pids in sandbox_processes().items() for pid in pids}
+    with ScriptedModelServer(solver, models=[MODEL]) as model:
+        service = Service(folder / "kill9", "--concurrency", "4")
+        group = service.client.submit_group(_group(model.base_url, 4))
+        deadline = time.monotonic() + 180
+        jailed = set()
+        while not jailed and time.monotonic() < deadline:
+            jailed = {(p, u) for u, ps in sandbox_processes().items() for p in ps} - before
+            time.sleep(0.02)
+        service.stop(signal.SIGKILL)
+        restarted = Service(folder / "kill9", "--concurrency", "4")
+        trajectories = restarted.client.trajectories(group["group_id"])
+        restarted.stop()
+    time.sleep(1.0)
+    after = {(pid, uid) for uid, pids in sandbox_processes().items() for pid in pids} - before
+    return {
+        "part": "kill9", "accepted": len(group["rollout_ids"]), "jailed_at_kill": len(jailed),
+        "trajectories_after_restart": len(trajectories),
+        "labels": sorted(str((t.get("infra_failure") or {}).get("kind", "ok")) for t in trajectories),
+        "orphans": len(after),
+    }  # fmt: skip
+
+
+def faults(folder: Path) -> dict[str, Any]:
+    service = Service(folder / "faults", "--concurrency", "4", "--grade-timeout", "0.5")
+    try:
+        with ScriptedModelServer(solver, models=[MODEL]) as model:
+            group = service.client.submit_group(_group(model.base_url, 4, max_retries=1))
+        trajectories = service.client.trajectories(group["group_id"])  # the model server is gone
+        model_labelled = sum(
+            (t.get("infra_failure") or {}).get("kind") == "model_error" for t in trajectories
+        )
+        grades = [service.client.grade("kernels", str(PROBLEM), (HONEST + f"\n# {i}\n").encode(),
+                                       name="solution.py") for i in range(4)]  # fmt: skip
+        grade_labelled = sum(
+            (g.get("infra_failure") or {}).get("kind") == "grader_error" for g in grades
+        )
+    finally:
+        service.stop()
+    return {"part": "faults", "model_server_killed": {"injected": 4, "labelled": model_labelled},
+            "grader_timeout": {"injected": 4, "labelled": grade_labelled},
+            "labelled_share": (model_labelled + grade_labelled) / 8}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument(
+        "--smoke", action="store_true", help="One group of 2, concurrency 2; no other parts."
+    )
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
+    parser.add_argument("--parts", default="throughput,cancel,kill9,faults")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "rollouts.jsonl"
+    )
+    args = parser.parse_args()
+    if args.smoke:
+        args.groups, args.group_size, args.concurrency, args.parts = 1, 2, 2, "throughput"
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=ROOT).stdout.strip()  # fmt: skip
+    meta = {"revision": revision, "python": platform.python_version(), "cpus": os.cpu_count(),
+            "machine": platform.machine(), "policy": args.policy}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
+        folder = Path(tmp)
+        for part in args.parts.split(","):
+            if part == "throughput" and args.policy == "smollm2":
+                from agentinfra.engines import VllmServer, smollm2_dir
+
+                with VllmServer(
+                    smollm2_dir(), log=folder / "vllm.log", served_name="smollm2"
+                ) as vllm:
+                    record = throughput(folder, args, vllm.base_url, "smollm2", max_turns=4,
+                                        max_output_tokens=128, context_tokens=8192)  # fmt: skip
+            elif part == "throughput":
+                with ScriptedModelServer(solver, models=[MODEL]) as model:
+                    record = throughput(folder, args, model.base_url, MODEL)
+            else:
+                record = {"cancel": cancel, "kill9": kill9, "faults": faults}[part](folder)
+            line = json.dumps({**meta, **record})
+            print(line, flush=True)
+            if not args.smoke:
+                with args.out.open("a") as sink:
+                    sink.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
