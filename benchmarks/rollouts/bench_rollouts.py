@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -178,27 +179,70 @@ def cancel(folder: Path) -> dict[str, Any]:
             "latency_s_p50": round(statistics.median(latencies), 3), "latency_s_max": round(max(latencies), 3)}  # fmt: skip
 
 
+def _descendants(root_pid: int) -> set[tuple[int, int]]:
+    """(pid, uid) of the processes under sandbox uids that descend from ``root_pid``."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(fields[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    jailed = {(p, u) for u, ps in sandbox_processes().items() for p in ps}
+    found = set()
+    for pid, uid in jailed:
+        cursor = pid
+        while cursor > 1 and cursor != root_pid:
+            cursor = parents.get(cursor, 0)
+        if cursor == root_pid:
+            found.add((pid, uid))
+    return found
+
+
+def _alive(processes: set[tuple[int, int]]) -> int:
+    alive = 0
+    for pid, uid in processes:
+        try:
+            alive += os.stat(f"/proc/{pid}").st_uid == uid
+        except OSError:
+            continue
+    return alive
+
+
 def kill9(folder: Path) -> dict[str, Any]:
-    before = {(pid, uid) for uid, pids in sandbox_processes().items() for pid in pids}
+    """Only this service's jails count (other programs on the machine may run jails too)."""
     with ScriptedModelServer(solver, models=[MODEL]) as model:
         service = Service(folder / "kill9", "--concurrency", "4")
         group = service.client.submit_group(_group(model.base_url, 4))
         deadline = time.monotonic() + 180
-        jailed = set()
-        while not jailed and time.monotonic() < deadline:
-            jailed = {(p, u) for u, ps in sandbox_processes().items() for p in ps} - before
+        jailed: set[tuple[int, int]] = set()
+        while len(jailed) < 2 and time.monotonic() < deadline:
+            jailed = _descendants(service.process.pid)
             time.sleep(0.02)
         service.stop(signal.SIGKILL)
         restarted = Service(folder / "kill9", "--concurrency", "4")
+        seen: set[tuple[int, int]] = set()
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.05):
+                seen.update(_descendants(restarted.process.pid))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
         trajectories = restarted.client.trajectories(group["group_id"])
         restarted.stop()
+        done.set()
+        sampler.join()
     time.sleep(1.0)
-    after = {(pid, uid) for uid, pids in sandbox_processes().items() for pid in pids} - before
     return {
         "part": "kill9", "accepted": len(group["rollout_ids"]), "jailed_at_kill": len(jailed),
         "trajectories_after_restart": len(trajectories),
         "labels": sorted(str((t.get("infra_failure") or {}).get("kind", "ok")) for t in trajectories),
-        "orphans": len(after),
+        "messages": sorted({str((t.get("infra_failure") or {}).get("message", ""))[:200] for t in trajectories}),
+        "orphans_of_killed_service": _alive(jailed),
+        "left_by_restarted_service": _alive(seen),
     }  # fmt: skip
 
 

@@ -344,3 +344,20 @@ def test_the_sweep_kills_processes_of_unheld_uids_only() -> None:
         held.kill()
         held.wait()
         os.close(held_fd)
+
+
+@pytest.mark.slow
+def test_kill_9_right_after_accepting_loses_nothing(
+    tmp_path: Path, services: list[Service]
+) -> None:
+    with ScriptedModelServer(talker(delay_s=0.0), models=[MODEL]) as model:
+        service = Service(tmp_path / "state", "--concurrency", "4")
+        services.append(service)
+        group = service.client.submit_group(_group(model.base_url, 4))
+        time.sleep(0.2)  # run directories are being created
+        service.kill9()
+        restarted = Service(tmp_path / "state", "--concurrency", "4")
+        services.append(restarted)
+        trajectories = restarted.client.trajectories(group["group_id"])
+    assert sorted(t["run_id"] for t in trajectories) == sorted(group["rollout_ids"])
+    assert [t["infra_failure"] for t in trajectories] == [None] * 4

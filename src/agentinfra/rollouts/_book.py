@@ -87,6 +87,12 @@ class RolloutBook:
             self._queue.append(rid)
         return Admission(True)
 
+    def withdraw(self, group_id: str) -> None:
+        """Forgets a group admitted a moment ago whose acceptance could not be made durable."""
+        for rid in self.groups.pop(group_id, []):
+            self.entries.pop(rid, None)
+        self._queue = deque(rid for rid in self._queue if rid in self.entries)
+
     def retry_after_s(self, overflow: int) -> int:
         """Seconds until about ``overflow`` rollouts have finished, at the pace seen so far (at least 1)."""
         mean_s = sum(self._durations_s) / len(self._durations_s) if self._durations_s else 5.0

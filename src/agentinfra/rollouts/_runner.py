@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +92,8 @@ def open_rollout_run(root: Path, group: Group, rollout_id: str, settings: Settin
     path = root / rollout_id
     if (path / "run.json").is_file():
         return RunDirectory.open(path)
+    if path.exists():  # a crash inside `RunDirectory.create`: before run.json, nothing ran
+        shutil.rmtree(path)
     request = group.request
     definition = environment_definition(request.environment)
     task = Path(request.task)

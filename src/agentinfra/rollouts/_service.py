@@ -305,6 +305,13 @@ class RolloutService:
             self._finished[rid] = asyncio.Event()
         return True
 
+    def _forget(self, group: Group) -> None:
+        self.groups.pop(group.group_id, None)
+        self._group_changed.pop(group.group_id, None)
+        for rid in group.rollout_ids:
+            self.group_of.pop(rid, None)
+            self._finished.pop(rid, None)
+
     # -- running -------------------------------------------------------------------
 
     async def _worker(self) -> None:
@@ -315,31 +322,35 @@ class RolloutService:
                 await self._work.wait()
                 continue
             self.metrics.queue_depth.set(self.book.queue_depth)
-            group = self.groups[self.group_of[rid]]
-            self.book.started(rid, time.monotonic())
+            await self._run_one(rid)
+
+    async def _run_one(self, rid: str) -> None:
+        """Runs one rollout to its trajectory and files it (unless a cancel filed it first)."""
+        group = self.groups[self.group_of[rid]]
+        self.book.started(rid, time.monotonic())
+        try:
+            api_key = self.api_key_of(group.request.api_key_env)
             task = asyncio.create_task(
                 run_rollout(
-                    self.runs_dir, group, rid, settings=self.settings,
-                    api_key=self.api_key_of(group.request.api_key_env), limiter=self._limiter,
-                    eval_workers=self.config.eval_workers,
-                    cancel_reason=lambda rid=rid: self._cancel_reasons.get(rid),  # type: ignore[misc]
+                    self.runs_dir, group, rid, settings=self.settings, api_key=api_key,
+                    limiter=self._limiter, eval_workers=self.config.eval_workers,
+                    cancel_reason=lambda: self._cancel_reasons.get(rid),
                 )
             )  # fmt: skip
             self._tasks[rid] = task
-            try:
-                trajectory = await asyncio.shield(task)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # run_rollout labels failures; this is agentinfra's own bug
-                logger.exception("rollout %s", rid)
-                trajectory = await asyncio.to_thread(read_trajectory, self.runs_dir / rid, group,
-                    failure={"kind": "internal", "message": _one_line(f"{type(exc).__name__}: {exc}")})  # fmt: skip
-            finally:
-                self._tasks.pop(rid, None)
-            if (
-                self.book.state_of(rid) is not RolloutState.FINISHED
-            ):  # a cancel may have answered already
-                await self._store(rid, trajectory, _label(trajectory))
+            trajectory = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # run_rollout labels failures; this is a failure around it
+            logger.exception("rollout %s", rid)
+            failure = {"kind": "internal", "message": _one_line(f"{type(exc).__name__}: {exc}")}
+            trajectory = await asyncio.to_thread(
+                read_trajectory, self.runs_dir / rid, group, failure=failure
+            )
+        finally:
+            self._tasks.pop(rid, None)
+        if self.book.state_of(rid) is not RolloutState.FINISHED:
+            await self._store(rid, trajectory, _label(trajectory))
 
     async def _store(self, rid: str, trajectory: dict[str, Any], label: str) -> None:
         """Files a finished rollout: its trajectory (atomic), then the journal (fsync'd), then the waiters."""
@@ -439,8 +450,10 @@ class RolloutService:
         assert self._journal is not None
         try:
             await self._journal.append_async("group_accepted", group.to_json())
-        except AgentInfraError:
-            raise  # not acknowledged: the client sees a 500 and may retry
+        except BaseException:
+            self.book.withdraw(group.group_id)  # not acknowledged, so not run: the client may retry
+            self._forget(group)
+            raise
         self._work.set()
         self.metrics.queue_depth.set(self.book.queue_depth)
         return web.json_response(

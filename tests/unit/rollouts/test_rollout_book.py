@@ -87,3 +87,14 @@ def test_answers_are_bounded() -> None:
         ledger.claim(key)
         ledger.settle(key, {"k": key})
     assert list(ledger.answers) == ["b", "c"]
+
+
+def test_a_withdrawn_group_leaves_no_trace() -> None:
+    book = RolloutBook(max_pending=3, concurrency=1)
+    book.admit("g", ["g-0"])
+    book.admit("h", ["h-0", "h-1"])
+    book.withdraw("h")  # its acceptance could not be journalled
+    assert book.pending == 1
+    assert book.next_queued() == "g-0"
+    assert book.next_queued() is None
+    assert book.admit("i", ["i-0", "i-1"]).is_accepted
