@@ -17,6 +17,9 @@ Parts, one JSON line each (with the git revision, Python and the machine):
   trajectory; per model call, agentinfra's own time (a rollout's wall time less
   model and tool time, over its calls; p50/p90); the grading (sandbox) share of the
   rollouts' summed wall time; infra failures.
+- ``overhead``: as ``throughput`` with a policy that lists files 8 times and submits
+  nothing (9 calls, no grading): agentinfra's own time per call without gradings
+  competing for the CPU.
 - ``cancel``: a group of 4 against a model that answers after 30 s; each rollout
   cancelled once it has called the model; latency p50/max, trajectories labelled.
 - ``kill9``: a group of 4 (scripted policy), ``kill -9`` of the service while a
@@ -68,6 +71,12 @@ def solver(body: dict[str, Any]) -> Reply:
         return Reply(tool_calls=[("submit", json.dumps({"path": "solution.py"}))])
     if step == 2:
         return Reply(tool_calls=[("results", json.dumps({"wait_s": 300}))])
+    return Reply(content="done")
+
+
+def lister(body: dict[str, Any]) -> Reply:
+    if _assistants(body) < 8:
+        return Reply(tool_calls=[("list_files", "{}")])
     return Reply(content="done")
 
 
@@ -276,7 +285,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
-    parser.add_argument("--parts", default="throughput,cancel,kill9,faults")
+    parser.add_argument("--parts", default="throughput,overhead,cancel,kill9,faults")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "rollouts.jsonl"
     )
@@ -302,6 +311,9 @@ def main() -> None:
             elif part == "throughput":
                 with ScriptedModelServer(solver, models=[MODEL]) as model:
                     record = throughput(folder, args, model.base_url, MODEL)
+            elif part == "overhead":
+                with ScriptedModelServer(lister, models=[MODEL]) as model:
+                    record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead"}
             else:
                 record = {"cancel": cancel, "kill9": kill9, "faults": faults}[part](folder)
             line = json.dumps({**meta, **record})
