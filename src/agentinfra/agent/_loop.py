@@ -106,9 +106,10 @@ class LoopConfig:
     policy_version: str | None = None
     """The weights' version the endpoint serves (``--policy-version``), recorded with every model
     call (a trainer drops or corrects stale calls); `ModelClient.policy_version` may change it mid-run."""
-    capture_tokens: bool = True
-    """Ask the endpoint for the engine's token ids and logprobs with every call (vLLM's
-    ``return_token_ids``); `preflight` turns it off for an endpoint that refuses them."""
+    capture_tokens: bool = False
+    """Ask the endpoint for the engine's token ids and logprobs with every call (``logprobs`` and
+    vLLM's ``return_token_ids``). `agentinfra run` sets it from `probe_tokens`; off by default, so
+    a run made before it existed resumes as it was (a hosted API refuses the unknown field)."""
 
     def __post_init__(self) -> None:
         if not self.model:

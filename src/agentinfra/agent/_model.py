@@ -223,13 +223,14 @@ class ModelClient:
         stream: bool,
         capture_tokens: bool,
     ) -> _Reply:
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": list(messages),
-            **self.profile.sampling(),
-        }
+        kwargs: dict[str, Any] = {"model": self.model, "messages": [], **self.profile.sampling()}
+        # The history and the tools travel in ``extra_body`` (sent as given, and it takes
+        # precedence over ``messages=[]``): they are plain JSON already, and the SDK's typed
+        # transform of ``messages`` walks the whole history in Python on every call, which was
+        # most of agentinfra's own time per call on a long run (benchmarks/agent/bench_call_overhead.py).
+        kwargs["extra_body"] = {**(kwargs.get("extra_body") or {}), "messages": list(messages)}
         if tools:
-            kwargs["tools"] = list(tools)
+            kwargs["extra_body"]["tools"] = list(tools)
         if self.kv_session:
             extra = dict(kwargs.get("extra_body") or {})
             extra["kv_transfer_params"] = {"agentinfra": {"session": self.kv_session}}
@@ -242,87 +243,137 @@ class ModelClient:
         if stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
-            result = await self._streamed(kwargs)
-        else:
-            response = await self._client.chat.completions.create(**kwargs)
-            if not response.choices:
-                raise AgentError(f"{self.base_url} returned no choices for model {self.model!r}")
-            choice = response.choices[0]
-            raw = choice.message.model_dump(exclude_none=True)
-            usage = Usage(
-                getattr(response.usage, "prompt_tokens", 0) or 0,
-                getattr(response.usage, "completion_tokens", 0) or 0,
-            )
-            tokens = None
-            if capture_tokens:
-                tokens = _call_tokens(
-                    getattr(response, "prompt_token_ids", None),
-                    getattr(choice, "token_ids", None),
-                    _logprobs(choice.logprobs),
-                )
-            result = _Reply(_clean_message(raw), usage, choice.finish_reason, tokens)
+        # The reply is read as JSON, not as the SDK's models: building a model per SSE chunk
+        # (one chunk per token on vLLM) and per logprob entry costs more than the rest of a
+        # call's handling. Errors are still the SDK's (raised before the body is read).
+        assembly = _Assembly(want_tokens=capture_tokens)
+        async with self._client.chat.completions.with_streaming_response.create(
+            **kwargs
+        ) as response:
+            if stream:
+                async for line in response.iter_lines():
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        assembly.add_chunk(self._chunk(line[5:]))
+            else:
+                assembly.add_response(self._chunk(await response.text()))
+        if not assembly.has_choice:
+            raise AgentError(f"{self.base_url} returned no choices for model {self.model!r}")
         self._first_call = False
-        return result
+        return assembly.reply()
 
-    async def _streamed(self, kwargs: dict[str, Any]) -> _Reply:
-        prompt_ids: list[int] | None = None
-        completion_ids: list[int] = []
-        logprobs: list[float] = []
-        content: list[str] = []
-        reasoning: list[str] = []
-        calls: dict[int, dict[str, Any]] = {}
-        usage = Usage()
-        finish: str | None = None
-        stream = await self._client.chat.completions.create(**kwargs)
-        async for chunk in stream:
-            first_ids = getattr(chunk, "prompt_token_ids", None)
-            if first_ids is not None:
-                prompt_ids = first_ids
-            if chunk.usage is not None:
-                usage = Usage(chunk.usage.prompt_tokens or 0, chunk.usage.completion_tokens or 0)
-            for choice in chunk.choices:
-                delta = choice.delta
-                ids = getattr(choice, "token_ids", None)
-                if ids:
-                    completion_ids += ids
-                piece_logprobs = _logprobs(choice.logprobs)
-                if piece_logprobs:
-                    logprobs += piece_logprobs
-                if delta.content:
-                    content.append(delta.content)
-                extra = delta.model_extra or {}
-                piece = extra.get("reasoning_content") or extra.get("reasoning")
-                if isinstance(piece, str):
-                    reasoning.append(piece)
-                for call in delta.tool_calls or ():
-                    slot = calls.setdefault(
-                        call.index,
-                        {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
-                    )
-                    if call.id:
-                        slot["id"] = call.id
-                    if call.function is not None:
-                        slot["function"]["name"] += call.function.name or ""
-                        slot["function"]["arguments"] += call.function.arguments or ""
-                if choice.finish_reason:
-                    finish = choice.finish_reason
-        message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-        if reasoning:
-            message["reasoning_content"] = "".join(reasoning)
-        if calls:
-            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    def _chunk(self, text: str) -> dict[str, Any]:
+        """One JSON body or SSE chunk; an error the server sent in it becomes an `AgentError`."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise AgentError(
+                f"{self.base_url} sent a reply that is not JSON: {text[:200]!r}"
+            ) from None
+        if not isinstance(data, dict):
+            raise AgentError(
+                f"{self.base_url} sent {type(data).__name__} where a JSON object belongs"
+            )
+        if data.get("error"):
+            raise AgentError(f"{self.base_url} failed while answering: {str(data['error'])[:500]}")
+        return data
+
+
+class _Assembly:
+    """A reply assembled from the JSON of a whole response or of its SSE chunks, exactly as sent. Pure."""
+
+    def __init__(self, *, want_tokens: bool) -> None:
+        self.want_tokens = want_tokens
+        self.has_choice = False
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] | None = None
+        """None until the engine sends ids (a delta per chunk when streaming)."""
+        self.logprobs: list[float] | None = None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.usage = Usage()
+        self.finish: str | None = None
+        self.message: dict[str, Any] | None = None
+
+    def add_response(self, data: dict[str, Any]) -> None:
+        choices = data.get("choices") or []
+        self._usage(data.get("usage"))
+        if not choices:
+            return
+        self.has_choice = True
+        choice = choices[0]
+        raw = {k: v for k, v in (choice.get("message") or {}).items() if v is not None}
+        self.message = _clean_message(raw)
+        self.finish = choice.get("finish_reason")
+        self.prompt_ids = data.get("prompt_token_ids")
+        self.completion_ids = choice.get("token_ids")
+        self.logprobs = _logprobs(choice.get("logprobs"))
+
+    def add_chunk(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = chunk["prompt_token_ids"]
+        self._usage(chunk.get("usage"))
+        for choice in chunk.get("choices") or ():
+            self.has_choice = True
+            delta = choice.get("delta") or {}
+            ids = choice.get("token_ids")
+            if ids is not None:
+                if self.completion_ids is None:
+                    self.completion_ids = []
+                self.completion_ids.extend(ids)
+            piece = _logprobs(choice.get("logprobs"))
+            if piece is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(piece)
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if isinstance(thought, str):
+                self.reasoning.append(thought)
+            for call in delta.get("tool_calls") or ():
+                self._tool_call(call)
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+
+    def _tool_call(self, call: dict[str, Any]) -> None:
+        slot = self.calls.setdefault(
+            int(call.get("index", 0)),
+            {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        slot["function"]["name"] += function.get("name") or ""
+        slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def _usage(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage = Usage(usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0)
+
+    def reply(self) -> _Reply:
+        message = self.message
+        if message is None:
+            message = {"role": "assistant", "content": "".join(self.content) or None}
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
+            if self.calls:
+                message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         tokens = None
-        if kwargs.get("logprobs"):
-            tokens = _call_tokens(prompt_ids, completion_ids, logprobs)
-        return _Reply(message, usage, finish, tokens)
+        if self.want_tokens:
+            tokens = _call_tokens(self.prompt_ids, self.completion_ids, self.logprobs)
+        return _Reply(message, self.usage, self.finish, tokens)
 
 
 def _logprobs(logprobs: Any) -> list[float] | None:
     """The sampled tokens' logprobs of a choice (``logprobs.content[].logprob``); None when absent."""
-    content = getattr(logprobs, "content", None) if logprobs is not None else None
+    if isinstance(logprobs, dict):
+        content = logprobs.get("content")
+    else:  # an SDK model (`probe_tokens`)
+        content = getattr(logprobs, "content", None) if logprobs is not None else None
     if content is None:
         return None
-    return [float(entry.logprob) for entry in content]
+    return [float(e["logprob"] if isinstance(e, dict) else e.logprob) for e in content]
 
 
 def _call_tokens(

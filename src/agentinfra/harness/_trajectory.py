@@ -18,11 +18,11 @@ from typing import Any
 
 from agentinfra.agent import call_tokens_of, split_segments
 from agentinfra.errors import AgentError, HarnessError
-from agentinfra.harness._export import agent_view, run_reward, submissions_of
 from agentinfra.harness._journal import Event, Journal
+from agentinfra.harness._run_records import agent_view, run_reward, submissions_of
 from agentinfra.harness._rundir import RunDirectory, RunLayout
 
-__all__ = ["TRAJECTORY_SCHEMA_VERSION", "infra_failure_of", "trajectory_of"]
+__all__ = ["TRAJECTORY_SCHEMA_VERSION", "infra_failure_of", "rollout_fields", "trajectory_of"]
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -58,10 +58,11 @@ def trajectory_of(
     view = agent_view(agent_events, run_dir)
     verdicts = submissions_of(journal_events)
     reward, hacked = run_reward(verdicts)
-    calls = _calls(agent_events)
-    tokens = _tokens_state(calls)
-    segments = [s.to_json() for s in split_segments(*call_tokens_of(agent_events))]
+    fields = rollout_fields(
+        agent_events, journal_events, layout, verdicts, cancelled=cancelled, error=error
+    )
     config = view.config
+    calls = fields["calls"]
     return {
         "schema_version": TRAJECTORY_SCHEMA_VERSION,
         "run_id": info.spec.run_id,
@@ -70,32 +71,65 @@ def trajectory_of(
         "group_id": group_id,
         "model": config.get("model", ""),
         "base_url": config.get("base_url"),
+        "policy_version": fields.pop("policy_version"),
+        "tokens": fields.pop("tokens"),
+        "calls": calls,
+        "segments": fields.pop("segments"),
+        "messages": view.messages,
+        "tools": view.tools,
+        "reward": reward,
+        "turn_rewards": fields.pop("turn_rewards"),
+        "hack_flagged": hacked,
+        "infra_failure": fields.pop("infra_failure"),
+        "stop_reason": _stop_reason(agent_events, view.stop),
+        "turns": view.stop.get("turns", len(calls)),
+        "time": fields.pop("time"),
+        "usage": {"prompt_tokens": view.prompt_tokens, "completion_tokens": view.completion_tokens},
+    }
+
+
+def rollout_fields(
+    agent_events: Sequence[Event],
+    journal_events: Sequence[Event],
+    layout: RunLayout,
+    verdicts: Sequence[dict[str, Any]],
+    *,
+    cancelled: str | None = None,
+    error: BaseException | None = None,
+) -> dict[str, Any]:
+    """The fields a trajectory adds to export v3 (export v4 carries them too), from the run's events.
+
+    ``policy_version``, ``tokens``, ``calls``, ``segments``, ``turn_rewards``,
+    ``infra_failure``, ``time``: each as docs/trajectory.md defines it.
+    """
+    calls = _calls(agent_events)
+    tokens = _tokens_state(calls)
+    segments = [s.to_json() for s in split_segments(*call_tokens_of(agent_events))]
+    _, hacked = run_reward(verdicts)
+    config: dict[str, Any] = next(
+        (e.data.get("config", {}) for e in agent_events if e.type == "loop_started"), {}
+    )
+    return {
         "policy_version": config.get("policy_version"),
         "tokens": tokens,
         "calls": calls,
         "segments": segments if tokens != "unavailable" else [],
-        "messages": view.messages,
-        "tools": view.tools,
-        "reward": reward,
-        "turn_rewards": [
-            {
-                "turn": s["turn"],
-                "submission_sha256": s["sha256"],
-                "outcome": s["outcome"],
-                "score": s["score"],
-                "reward": 0.0 if hacked else s["reward"],
-            }
-            for s in verdicts
-            if s["graded"]
-        ],
-        "hack_flagged": hacked,
+        "turn_rewards": [_turn_reward(s, hacked) for s in verdicts if s["graded"]],
         "infra_failure": infra_failure_of(
             agent_events, verdicts, layout, cancelled=cancelled, error=error
         ),
-        "stop_reason": _stop_reason(agent_events, view.stop),
-        "turns": view.stop.get("turns", len(calls)),
         "time": _time_split(agent_events, journal_events),
-        "usage": {"prompt_tokens": view.prompt_tokens, "completion_tokens": view.completion_tokens},
+    }
+
+
+def _turn_reward(verdict: dict[str, Any], hacked: bool) -> dict[str, Any]:
+    """A graded submission's reward, tied to the turn that submitted it (0 in a hack-flagged run)."""
+    return {
+        "turn": verdict["turn"],
+        "submission_sha256": verdict["sha256"],
+        "outcome": verdict["outcome"],
+        "score": verdict["score"],
+        "reward": 0.0 if hacked else verdict["reward"],
     }
 
 
