@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from agentinfra._settings import load_settings
-from agentinfra.agent import preflight
+from agentinfra.agent import preflight, probe_tokens
 from agentinfra.cli._agent import _agent_options, _close_kv_sessions, _kv_address
 from agentinfra.cli._runs import DEFAULT_ENVIRONMENT, EnvOption
 from agentinfra.environments import environment_definition
@@ -91,6 +91,13 @@ def run_command(
             help="HOST:PORT of the kv server under vLLM: each rollout is a KV session.",
         ),
     ] = None,
+    capture_tokens: Annotated[
+        bool | None,
+        typer.Option(
+            "--tokens/--no-tokens",
+            help="Ask the engine for token ids (default: when the probe finds it returns them).",
+        ),
+    ] = None,
 ) -> None:
     """Run G rollouts per task (a group each) and write one trajectory per line; exit 0 when every rollout gave one."""
     if concurrency < 1:
@@ -124,6 +131,7 @@ def run_command(
             options=options,
             request_timeout_s=settings.agent.request_timeout_s,
             kv_session=kv_hints is not None,
+            tokens=capture_tokens,
         )
         for task in files
     ]
@@ -136,8 +144,16 @@ def run_command(
             base_url=base_url.rstrip("/"), model=model, api_key=api_key, api_key_env=api_key_env
         )
     )
+    support = (
+        asyncio.run(probe_tokens(base_url=base_url.rstrip("/"), model=model, api_key=api_key,
+                                 force=bool(capture_tokens)))
+        if capture_tokens is not False else None
+    )  # fmt: skip
+    if support is not None:
+        err.print(f"tokens: {support.detail}")
+    capture = support is not None and support.is_available
     root = (runs_dir or settings.harness.runs_dir) / f"rollouts-{time.strftime('%Y%m%d-%H%M%S')}"
-    groups = [new_group(request) for request in requests]
+    groups = [new_group(request, capture_tokens=capture) for request in requests]
     total = sum(len(g.rollout_ids) for g in groups)
     err.print(
         f"{len(groups)} group(s) of {group_size}: {total} rollouts under {root}; concurrency {concurrency}"

@@ -98,7 +98,7 @@ def open_rollout_run(root: Path, group: Group, rollout_id: str, settings: Settin
     definition = environment_definition(request.environment)
     task = Path(request.task)
     spec = agent_run_spec(
-        rollout_id, task, request.loop_config(), definition.new_settings(settings),
+        rollout_id, task, request.loop_config(capture_tokens=group.capture_tokens), definition.new_settings(settings),
         environment=request.environment, options=definition.options_of(request.options),
     )  # fmt: skip
     return RunDirectory.create(path, spec, grader_version=definition.grader_version)

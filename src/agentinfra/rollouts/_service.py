@@ -49,7 +49,7 @@ from agentinfra._atomic import write_atomic
 from agentinfra._journal import Journal
 from agentinfra._pidlock import try_lock
 from agentinfra._settings import Settings
-from agentinfra.agent import EndpointLimiter, preflight
+from agentinfra.agent import EndpointLimiter, preflight, probe_tokens
 from agentinfra.environments import Environment, Outcome, Submission, environment_definition
 from agentinfra.errors import AgentError, AgentInfraError, ConfigError, RolloutError
 from agentinfra.rollouts._book import GradeLedger, RolloutBook, RolloutState
@@ -57,7 +57,10 @@ from agentinfra.rollouts._orphans import sweep_orphaned_jails
 from agentinfra.rollouts._runner import read_trajectory, run_rollout
 from agentinfra.rollouts._spec import Group, GroupRequest, new_group
 
-__all__ = ["RolloutService", "ServiceConfig", "grade_key"]
+__all__ = ["PROBE_TTL_S", "RolloutService", "ServiceConfig", "grade_key"]
+
+PROBE_TTL_S = 30.0
+"""How long an endpoint's preflight and token probe are trusted before a new group checks again."""
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +190,7 @@ class RolloutService:
         self._group_changed: dict[str, asyncio.Condition] = {}
         self._grade_done: dict[str, asyncio.Event] = {}
         self._environments: dict[tuple[str, str], Environment] = {}
-        self._preflighted: dict[tuple[str, str], float] = {}
+        self._preflighted: dict[tuple[str, str, bool | None], tuple[float, bool]] = {}
         self._work = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -439,8 +442,8 @@ class RolloutService:
             raise _RefusedError(
                 422, f"{where}: {first['msg']} (got {first.get('input')!r:.80})"
             ) from None
-        await self._check(group_request)
-        group = new_group(group_request)
+        capture_tokens = await self._check(group_request)
+        group = new_group(group_request, capture_tokens=capture_tokens)
         retry = self._adopt(group, force=False)
         if retry is not True:
             raise _RefusedError(
@@ -460,8 +463,12 @@ class RolloutService:
             {"group_id": group.group_id, "rollout_ids": list(group.rollout_ids)}, status=202
         )
 
-    async def _check(self, request: GroupRequest) -> None:
-        """Refuses (400) what could never run: environment, task, options, loop values, endpoint, model."""
+    async def _check(self, request: GroupRequest) -> bool:
+        """Refuses (400) what could never run: environment, task, options, loop values, endpoint, model.
+
+        Returns whether the group's rollouts ask the engine for token ids (`probe_tokens`,
+        once per endpoint and model every `PROBE_TTL_S`).
+        """
         try:
             definition = environment_definition(request.environment)
             task = Path(request.task)
@@ -475,17 +482,30 @@ class RolloutService:
             raise _RefusedError(400, str(exc)) from None
         except AgentInfraError as exc:
             raise _RefusedError(400, f"{type(exc).__name__}: {exc}") from None
+        if request.tokens is False:
+            capture: bool | None = False
+        elif not self.config.check_endpoint:
+            capture = bool(request.tokens)
+        else:
+            capture = None
         if not self.config.check_endpoint:
-            return
-        checked = (request.base_url.rstrip("/"), request.model)
-        if time.monotonic() - self._preflighted.get(checked, -1e9) < 30.0:
-            return
+            return bool(capture)
+        checked = (request.base_url.rstrip("/"), request.model, request.tokens)
+        known = self._preflighted.get(checked)
+        if known is not None and time.monotonic() - known[0] < PROBE_TTL_S:
+            return known[1] if capture is None else capture
         try:
             await preflight(base_url=checked[0], model=request.model, api_key=key,
                             api_key_env=request.api_key_env, timeout_s=10.0)  # fmt: skip
         except AgentError as exc:
             raise _RefusedError(400, str(exc)) from None
-        self._preflighted[checked] = time.monotonic()
+        if capture is None:
+            support = await probe_tokens(base_url=checked[0], model=request.model, api_key=key,
+                                         force=bool(request.tokens))  # fmt: skip
+            capture = support.is_available
+            logger.info("tokens at %s: %s", checked[0], support.detail)
+        self._preflighted[checked] = (time.monotonic(), capture)
+        return capture
 
     def _group(self, request: web.Request) -> Group:
         gid = request.match_info["gid"]

@@ -56,22 +56,23 @@ class GroupRequest(BaseModel):
     """The environment's agent options (``--env-option``), checked by its agent-options model."""
     kv_session: bool = False
     """Each rollout is a KV session at agentinfra's vLLM connector (session hints)."""
+    tokens: bool | None = None
+    """Ask the engine for token ids and logprobs: None when the endpoint is found to return
+    them (`agentinfra.agent.probe_tokens`), True always, False never (``tokens: "unavailable"``)."""
 
-    def loop_config(self) -> LoopConfig:
-        """The agent loop's config of every rollout of the group.
+    def loop_config(self, *, capture_tokens: bool = False) -> LoopConfig:
+        """The agent loop's config of every rollout of the group (``capture_tokens``: the probe's answer).
 
         Raises:
             ConfigError: a value the loop refuses (the message names it).
         """
-        extra: dict[str, Any] = {}
-        if self.policy_version is not None and "policy_version" in LoopConfig.__dataclass_fields__:
-            extra["policy_version"] = self.policy_version
         return LoopConfig(
             model=self.model, base_url=self.base_url.rstrip("/"), api_key_env=self.api_key_env,
             stream=self.stream, max_turns=self.max_turns, max_tokens=self.max_tokens,
             wall_hours=self.hours, context_tokens=self.context_tokens,
             max_output_tokens=self.max_output_tokens, nudges=self.nudges,
-            request_timeout_s=self.request_timeout_s, max_retries=self.max_retries, kv_session=self.kv_session, **extra,
+            request_timeout_s=self.request_timeout_s, max_retries=self.max_retries, kv_session=self.kv_session, policy_version=self.policy_version,
+            capture_tokens=capture_tokens,
         )  # fmt: skip
 
 
@@ -84,6 +85,8 @@ class Group:
     seed: int
     """The hidden grading seed all G rollouts are graded with (never shown to an agent)."""
     rollout_ids: tuple[str, ...]
+    capture_tokens: bool = False
+    """Whether the rollouts ask the engine for token ids (decided once for the group)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,6 +94,7 @@ class Group:
             "request": self.request.model_dump(mode="json"),
             "seed": self.seed,
             "rollout_ids": list(self.rollout_ids),
+            "capture_tokens": self.capture_tokens,
         }
 
     @classmethod
@@ -100,10 +104,13 @@ class Group:
             request=GroupRequest.model_validate(data["request"]),
             seed=int(data["seed"]),
             rollout_ids=tuple(str(r) for r in data["rollout_ids"]),
+            capture_tokens=bool(data.get("capture_tokens", False)),
         )
 
 
-def new_group(request: GroupRequest, *, group_id: str | None = None) -> Group:
+def new_group(
+    request: GroupRequest, *, group_id: str | None = None, capture_tokens: bool = False
+) -> Group:
     """A fresh group for ``request``: a random id (unless given) and a seed from the OS."""
     gid = group_id or f"g{secrets.token_hex(6)}"
     return Group(
@@ -111,4 +118,5 @@ def new_group(request: GroupRequest, *, group_id: str | None = None) -> Group:
         request=request,
         seed=secrets.randbelow(2**63),
         rollout_ids=tuple(f"{gid}-{index}" for index in range(request.group_size)),
+        capture_tokens=capture_tokens,
     )

@@ -21,6 +21,10 @@ def test_a_group_has_g_rollouts_one_seed_and_round_trips() -> None:
     again = Group.from_json(group.to_json())
     assert again == group
     assert new_group(_request()).seed != group.seed  # drawn from the OS each time
+    probed = new_group(_request(), capture_tokens=True)
+    assert Group.from_json(probed.to_json()).capture_tokens is True
+    assert _request(policy_version="v7").loop_config(capture_tokens=True).capture_tokens is True
+    assert _request(policy_version="v7").loop_config().policy_version == "v7"
 
 
 @pytest.mark.parametrize(
