@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import Reply, ScriptedModelServer
+from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
 from agentinfra.rollouts import RolloutClient, sandbox_processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +162,9 @@ def throughput(
         "rewards": sorted({t.get("reward") for t in trajectories}, key=str),
         "outcomes": sorted(r["outcome"] for t in trajectories for r in t.get("turn_rewards", [])),
         "tokens": sorted({t.get("tokens") for t in trajectories}),
+        "segments_per_rollout": sorted(len(t.get("segments") or []) for t in trajectories),
+        "stop_reasons": sorted(str(t.get("stop_reason")) for t in trajectories),
+        "_exact_share": sum(t.get("tokens") == "exact" for t in trajectories) / max(1, len(trajectories)),
     }  # fmt: skip
 
 
@@ -285,6 +289,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
+    parser.add_argument("--base-url", help="--policy smollm2: an engine already serving SmolLM2.")
     parser.add_argument("--parts", default="throughput,overhead,cancel,kill9,faults")
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "rollouts.jsonl"
@@ -301,19 +306,27 @@ def main() -> None:
         folder = Path(tmp)
         for part in args.parts.split(","):
             if part == "throughput" and args.policy == "smollm2":
-                from agentinfra.engines import VllmServer, smollm2_dir
-
-                with VllmServer(
-                    smollm2_dir(), log=folder / "vllm.log", served_name="smollm2"
-                ) as vllm:
-                    record = throughput(folder, args, vllm.base_url, "smollm2", max_turns=4,
-                                        max_output_tokens=128, context_tokens=8192)  # fmt: skip
+                smol = {
+                    "max_turns": 4,
+                    "nudges": 2,
+                    "max_output_tokens": 128,
+                    "context_tokens": 8192,
+                }
+                if args.base_url:  # an engine already serving it (`agentinfra model serve`)
+                    record = throughput(folder, args, args.base_url, SMOLLM2_NAME, **smol)
+                else:
+                    log = folder / "vllm.log"
+                    with VllmServer(smollm2_dir(), log=log, served_name=SMOLLM2_NAME) as vllm:
+                        record = throughput(folder, args, vllm.base_url, SMOLLM2_NAME, **smol)
+                record["exact_tokens_share"] = record.pop("_exact_share", None)
             elif part == "throughput":
                 with ScriptedModelServer(solver, models=[MODEL]) as model:
                     record = throughput(folder, args, model.base_url, MODEL)
+                record.pop("_exact_share", None)
             elif part == "overhead":
                 with ScriptedModelServer(lister, models=[MODEL]) as model:
                     record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead"}
+                record.pop("_exact_share", None)
             else:
                 record = {"cancel": cancel, "kill9": kill9, "faults": faults}[part](folder)
             line = json.dumps({**meta, **record})
