@@ -361,3 +361,49 @@ def test_kill_9_right_after_accepting_loses_nothing(
         trajectories = restarted.client.trajectories(group["group_id"])
     assert sorted(t["run_id"] for t in trajectories) == sorted(group["rollout_ids"])
     assert [t["infra_failure"] for t in trajectories] == [None] * 4
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_model_serve_then_rollouts_run_on_real_smollm2(tmp_path: Path) -> None:
+    """The README's commands: `model serve` (real vLLM, SmolLM2), then `rollouts run` against it."""
+    from agentinfra.engines import SMOLLM2_NAME, smollm2_dir
+
+    if not smollm2_dir(check=False).is_dir():
+        pytest.skip("no SmolLM2 here: run `make smollm2`")
+    url_file, log = tmp_path / "url", tmp_path / "serve.log"
+    with url_file.open("wb") as out, log.open("wb") as err:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "agentinfra", "model", "serve", "--log", str(tmp_path / "vllm.log")],
+            stdout=out, stderr=err, env=ENV, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while not url_file.read_text().strip() and time.monotonic() < deadline:
+            assert serve.poll() is None, log.read_text()
+            time.sleep(1)
+        base_url = url_file.read_text().split()[0]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", base_url)
+        out = tmp_path / "smol.jsonl"
+        done = subprocess.run(
+            [sys.executable, "-m", "agentinfra", "rollouts", "run", "--tasks", str(PROBLEM),
+             "--group-size", "2", "--model", SMOLLM2_NAME, "--base-url", base_url,
+             "--policy-version", "smol-0", "--max-turns", "2", "--nudges", "1",
+             "--max-output-tokens", "48", "--context-tokens", "8192",
+             "--runs-dir", str(tmp_path / "runs"), "--out", str(out)],
+            capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "returns the engine's token ids" in done.stderr
+        trajectories = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(trajectories) == 2
+        for trajectory in trajectories:
+            assert trajectory["tokens"] == "exact"
+            assert trajectory["infra_failure"] is None
+            assert {c["policy_version"] for c in trajectory["calls"]} == {"smol-0"}
+            sampled = sum(len(c["completion_ids"]) for c in trajectory["calls"])
+            masked = sum(sum(s["loss_mask"]) for s in trajectory["segments"])
+            assert masked == sampled  # every engine-sampled token, and only those, is trained on
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(120) == 0, log.read_text()

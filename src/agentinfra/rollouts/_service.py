@@ -594,6 +594,9 @@ class RolloutService:
                 read_trajectory, self.runs_dir / rid, group, cancelled=reason
             )
             await self._store(rid, trajectory, "cancelled")
+            late = self._tasks.get(rid)  # a worker took it while the cancel was being journalled
+            if late is not None and late is not task:
+                late.cancel()
         trajectory = await asyncio.to_thread(self._trajectory, rid)
         return web.json_response({"rollout_id": rid, "state": "finished", "trajectory": trajectory})
 
