@@ -101,11 +101,11 @@ def _serve(port_file: str, prompt: int, completion: int, with_ids: bool, stream:
                              + str(len(payload)).encode() + b"\r\n\r\n" + payload)  # fmt: skip
                 state["server_s"].append(time.perf_counter() - started)
                 await writer.drain()
+                Path(port_file + ".server").write_text(json.dumps(state["server_s"]))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
-            Path(port_file + ".server").write_text(json.dumps(state["server_s"]))
 
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)

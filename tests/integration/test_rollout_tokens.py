@@ -311,7 +311,11 @@ def test_a_forced_trim_breaks_the_segment_with_its_cause(vllm: str, tmp_path: Pa
     _check_exact(trajectory, proxy.engine_calls(trajectory["messages"][1]["content"]))
     transcript = [json.loads(line) for line in run.layout.transcript.read_text().splitlines()]
     assert any(e["type"] == "context_trimmed" for e in transcript)
-    assert "context_trim" in [s["break_reason"] for s in trajectory["segments"]]
+    breaks = [s["break_reason"] for s in trajectory["segments"]]
+    assert "context_trim" in breaks
+    print(
+        f"forced trim: {len(trajectory['calls'])} calls, {len(breaks)} segments, breaks {breaks[1:]}"
+    )
 
 
 def test_an_endpoint_without_ids_gives_unavailable_tokens(tmp_path: Path) -> None:

@@ -183,8 +183,9 @@ def trim_context(messages: Sequence[Message], budget: ContextBudget) -> Trim:
     """The history within ``budget`` as far as the steps allow (see the module docstring)."""
     work = list(messages)
     changes: list[Change] = list(_keep_last_images(work, budget.keep_images))
-    if estimate_tokens(work, budget) <= budget.limit_tokens:
-        return Trim(work, tuple(changes), estimate_tokens(work, budget))
+    estimate = estimate_tokens(work, budget)
+    if estimate <= budget.limit_tokens:  # the common case: one walk over the history per call
+        return Trim(work, tuple(changes), estimate)
     recent_from = _recent_start(work, budget.keep_recent_turns)
     changes += _drop_old_images(work, recent_from)
     changes += _shorten_old_outputs(work, recent_from)

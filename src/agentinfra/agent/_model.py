@@ -158,8 +158,12 @@ class ModelClient:
     ) -> Completion:
         """One chat completion, retried on 429/5xx/connection errors.
 
+        With ``capture_tokens`` the request asks for the engine's ids and logprobs, and
+        `Completion.tokens` holds them exactly as returned (None when the endpoint sent none).
+
         Raises:
-            AgentError: a configuration problem (key, model, URL) or retries exhausted.
+            AgentError: a configuration problem (key, model, URL), retries exhausted, or an
+                error the server sent inside its reply.
         """
         started = time.monotonic()
         attempt = 0

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
-from agentinfra.agent import CallTokens
+from agentinfra.agent import (
+    AgentLoop,
+    CallTokens,
+    Completion,
+    LoopConfig,
+    ModelClient,
+    Transcript,
+    Usage,
+    call_tokens_of,
+    profile_for,
+    split_segments,
+)
 from agentinfra.agent._model import _Assembly
 
 
@@ -69,3 +82,69 @@ def test_no_ids_no_tokens_and_misaligned_logprobs_are_dropped() -> None:
         {"prompt_token_ids": [1], "choices": [{"message": {"content": "x"}, "token_ids": [4]}]}
     )
     assert unasked.reply().tokens is None
+
+
+class _EngineLike(ModelClient):
+    """A `ModelClient` whose engine extends each prompt with the last call's ids and 2 new tokens."""
+
+    def __init__(self) -> None:
+        super().__init__(base_url="http://127.0.0.1:9/v1", model="m", api_key="k", api_key_env="K",
+                         profile=profile_for("m"))  # fmt: skip
+        self.ids: list[int] = [1, 2, 3]
+        self.asked: list[bool] = []
+
+    async def complete(self, messages: Any, tools: Any, *, stream: bool, on_retry: Any = None,
+                       capture_tokens: bool = False) -> Completion:  # fmt: skip
+        self.asked.append(capture_tokens)
+        prompt = [*self.ids, 50 + len(self.asked)]
+        completion = [100 + len(self.asked)]
+        self.ids = prompt + completion
+        tokens = CallTokens(prompt, completion, [-0.5]) if capture_tokens else None
+        return Completion(
+            {"role": "assistant", "content": "thinking"},
+            Usage(len(prompt), 1),
+            "stop",
+            0.01,
+            1,
+            tokens,
+        )
+
+
+def _loop(path: Path, client: _EngineLike, max_turns: int) -> AgentLoop:
+    config = LoopConfig(model="m", base_url="http://127.0.0.1:9/v1", max_turns=max_turns, nudges=50,
+                        capture_tokens=True, policy_version="p1")  # fmt: skip
+    return AgentLoop(config=config, client=client, tools=[], system_prompt="s", task_prompt="t",
+                     transcript=Transcript.open(path))  # fmt: skip
+
+
+def test_ids_are_journalled_as_deltas_and_survive_a_resume(tmp_path: Path) -> None:
+    client = _EngineLike()
+    first = _loop(tmp_path / "t.jsonl", client, max_turns=2)
+    asyncio.run(first.run())
+    first.transcript.close()
+    resumed = _loop(
+        tmp_path / "t.jsonl", client, max_turns=4
+    )  # a new process would rebuild the same way
+    asyncio.run(resumed.run())
+    events = resumed.transcript.events
+    resumed.transcript.close()
+    replies = [e.data for e in events if e.type == "model_response"]
+    assert client.asked == [True] * 4
+    assert [r["tokens"]["prompt_new"] for r in replies] == [[1, 2, 3, 51], [52], [53], [54]]
+    assert [r["policy_version"] for r in replies] == ["p1"] * 4
+    calls, causes = call_tokens_of(events)
+    assert [list(c.prompt_ids) for c in calls if c is not None][-1] == [
+        1,
+        2,
+        3,
+        51,
+        101,
+        52,
+        102,
+        53,
+        103,
+        54,
+    ]
+    assert causes[2] == ["resume"]
+    (segment,) = split_segments(calls, causes)  # the resume kept the prefix: no break
+    assert segment.loss_mask == [0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1]
