@@ -220,10 +220,19 @@ async def run_groups(
     async def one(group: Group, rollout_id: str) -> None:
         nonlocal done
         async with gate:
-            trajectory = await run_rollout(
-                root, group, rollout_id, settings=settings, api_key=api_key, limiter=limiter,
-                eval_workers=eval_workers,
-            )  # fmt: skip
+            try:
+                trajectory = await run_rollout(
+                    root, group, rollout_id, settings=settings, api_key=api_key, limiter=limiter,
+                    eval_workers=eval_workers,
+                )  # fmt: skip
+            except Exception as exc:  # agentinfra's own failure: still one labelled trajectory
+                logger.exception("rollout %s", rollout_id)
+                failure = {"kind": "internal", "message": f"{type(exc).__name__}: {exc}"[:2000]}
+                try:
+                    trajectory = read_trajectory(root / rollout_id, group, failure=failure)
+                except Exception:  # nothing to give: counted as missing (exit status 1)
+                    logger.exception("rollout %s: no trajectory", rollout_id)
+                    return
         on_trajectory(trajectory)
         done += 1
 

@@ -61,3 +61,32 @@ def test_an_unreadable_run_is_an_infra_failure_not_a_bad_episode(tmp_path: Path)
     failure = {"kind": "environment_died", "message": "desktop gone"}
     labelled = read_trajectory(tmp_path / group.rollout_ids[0], group, failure=failure)
     assert labelled["infra_failure"] == failure
+
+
+def test_run_groups_gives_a_labelled_trajectory_when_a_rollout_breaks(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import agentinfra.rollouts._runner as runner
+    from agentinfra._settings import load_settings
+
+    async def broken(root: Path, group: Any, rollout_id: str, **_: Any) -> dict[str, Any]:
+        if rollout_id.endswith("-1"):
+            raise RuntimeError("bug")
+        return {"run_id": rollout_id, "infra_failure": None}
+
+    monkeypatch.setattr(runner, "run_rollout", broken)
+    got: list[dict[str, Any]] = []
+    group = _group()
+    done = asyncio.run(
+        runner.run_groups(
+            [group],
+            tmp_path,
+            settings=load_settings(),
+            api_key="k",
+            concurrency=2,
+            on_trajectory=got.append,
+        )
+    )
+    assert done == 2
+    labels = sorted(str((t["infra_failure"] or {}).get("kind")) for t in got)
+    assert labels == ["None", "internal"]
