@@ -280,6 +280,91 @@ def faults(folder: Path) -> dict[str, Any]:
             "labelled_share": (model_labelled + grade_labelled) / 8}  # fmt: skip
 
 
+def desktop(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """G rollouts of a desktop task, each on its own desktop, played by the task's scripted solution."""
+    from agentinfra.environments.desktop import load_desktop_task
+    from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
+
+    path = ROOT / "examples/desktop/tasks/calc-total.json"
+    task = load_desktop_task(path)
+    solution = task.solution()
+    assert solution is not None
+    options = {"action_space": solution["action_space"], "track": solution.get("track", "gui-only"),
+               "observation": "screenshot"}  # fmt: skip
+    policy = DesktopPolicy({task.instruction: solution_moves(solution)})
+    with ScriptedModelServer(policy, models=[MODEL]) as model:
+        service = Service(folder / "desktop", "--concurrency", str(args.concurrency))
+        try:
+            started = time.monotonic()
+            groups = [
+                service.client.submit_group(
+                    {
+                        **_group(model.base_url, args.group_size),
+                        "environment": "desktop",
+                        "task": str(path),
+                        "options": options,
+                        "max_turns": 40,
+                        "stream": False,
+                    }
+                )
+                for _ in range(max(1, args.groups // 2))
+            ]
+            trajectories = [t for g in groups for t in service.client.trajectories(g["group_id"])]
+            wall_s = time.monotonic() - started
+        finally:
+            service.stop()
+    totals = {k: sum((t.get("time") or {}).get(k, 0.0) for t in trajectories)
+              for k in ("wall_s", "model_s", "tools_s", "grading_s")}  # fmt: skip
+    return {
+        "part": "desktop", "task": path.name, "group_size": args.group_size, "concurrency": args.concurrency,
+        "rollouts": len(trajectories), "wall_s": round(wall_s, 1),
+        "rollouts_per_min": round(60 * len(trajectories) / wall_s, 2),
+        "desktop_tools_share_of_wall": round(totals["tools_s"] / totals["wall_s"], 3) if totals["wall_s"] else None,
+        "grading_share_of_wall": round(totals["grading_s"] / totals["wall_s"], 3) if totals["wall_s"] else None,
+        "outcomes": sorted(r["outcome"] for t in trajectories for r in t.get("turn_rewards", [])),
+        "infra_failures": [t.get("infra_failure") for t in trajectories if t.get("infra_failure")],
+        "stop_reasons": sorted(str(t.get("stop_reason")) for t in trajectories),
+    }  # fmt: skip
+
+
+def desktop_killed(folder: Path) -> dict[str, Any]:
+    """A group of 2 desktop rollouts; each desktop is killed (SIGKILL to its uid) once it runs."""
+    from agentinfra.environments.desktop import load_desktop_task
+    from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
+    from agentinfra.sandbox import kill_uid
+
+    path = ROOT / "examples/desktop/tasks/calc-total.json"
+    task = load_desktop_task(path)
+    solution = task.solution()
+    assert solution is not None
+    options = {"action_space": solution["action_space"], "observation": "screenshot"}
+    policy = DesktopPolicy({task.instruction: solution_moves(solution)})
+    killed: set[int] = set()
+    with ScriptedModelServer(policy, models=[MODEL]) as model:
+        service = Service(folder / "desktop-killed", "--concurrency", "2")
+        try:
+            body = {**_group(model.base_url, 2), "environment": "desktop", "task": str(path),
+                    "options": options, "max_turns": 40, "stream": False, "max_retries": 1}  # fmt: skip
+            group = service.client.submit_group(body)
+            deadline = time.monotonic() + 300
+            while len(killed) < 2 and time.monotonic() < deadline:
+                for _, uid in _descendants(service.process.pid):
+                    if uid not in killed and len(model.requests) >= 2:
+                        kill_uid(uid)
+                        killed.add(uid)
+                time.sleep(0.2)
+            trajectories = service.client.trajectories(group["group_id"])
+        finally:
+            service.stop()
+    return {
+        "part": "desktop_killed", "desktops_killed": len(killed), "rollouts": len(trajectories),
+        "labels": sorted(str((t.get("infra_failure") or {}).get("kind", "none")) for t in trajectories),
+        "messages": sorted(str((t.get("infra_failure") or {}).get("message", ""))[:160] for t in trajectories),
+        "stop_reasons": sorted(str(t.get("stop_reason")) for t in trajectories),
+        "outcomes": sorted(r["outcome"] for t in trajectories for r in t.get("turn_rewards", [])),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument(
@@ -289,6 +374,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
+    parser.add_argument(
+        "--keep", type=Path, help="Keep state and run directories here (default: a temporary one)."
+    )
     parser.add_argument("--base-url", help="--policy smollm2: an engine already serving SmolLM2.")
     parser.add_argument("--parts", default="throughput,overhead,cancel,kill9,faults")
     parser.add_argument(
@@ -303,7 +391,8 @@ def main() -> None:
             "machine": platform.machine(), "policy": args.policy}  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-rollouts-") as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp) if args.keep is None else args.keep
+        folder.mkdir(parents=True, exist_ok=True)
         for part in args.parts.split(","):
             if part == "throughput" and args.policy == "smollm2":
                 smol = {
@@ -327,6 +416,10 @@ def main() -> None:
                 with ScriptedModelServer(lister, models=[MODEL]) as model:
                     record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead"}
                 record.pop("_exact_share", None)
+            elif part == "desktop":
+                record = desktop(folder, args)
+            elif part == "desktop_killed":
+                record = desktop_killed(folder)
             else:
                 record = {"cancel": cancel, "kill9": kill9, "faults": faults}[part](folder)
             line = json.dumps({**meta, **record})

@@ -25,6 +25,7 @@ from agentinfra.rollouts._runner import (
     read_trajectory,
     run_groups,
     run_rollout,
+    tool_failure_of,
 )
 from agentinfra.rollouts._service import RolloutService, ServiceConfig, grade_key
 from agentinfra.rollouts._spec import (
@@ -58,4 +59,5 @@ __all__ = [
     "run_rollout",
     "sandbox_processes",
     "sweep_orphaned_jails",
+    "tool_failure_of",
 ]
