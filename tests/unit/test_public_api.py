@@ -258,6 +258,7 @@ EXPECTED: dict[str, list[str]] = {
         "Admission",
         "AsyncRolloutClient",
         "GradeClaim",
+        "GradeDesk",
         "GradeLedger",
         "Group",
         "GroupRequest",

@@ -18,6 +18,7 @@ only `cli` imports it. Public names are re-exported here in one sorted `__all__`
 
 from agentinfra.rollouts._book import Admission, GradeClaim, GradeLedger, RolloutBook, RolloutState
 from agentinfra.rollouts._client import AsyncRolloutClient, RolloutClient
+from agentinfra.rollouts._grading import GradeDesk, grade_key
 from agentinfra.rollouts._orphans import sandbox_processes, sweep_orphaned_jails
 from agentinfra.rollouts._runner import (
     SeededExecutor,
@@ -27,7 +28,7 @@ from agentinfra.rollouts._runner import (
     run_rollout,
     tool_failure_of,
 )
-from agentinfra.rollouts._service import RolloutService, ServiceConfig, grade_key
+from agentinfra.rollouts._service import RolloutService, ServiceConfig
 from agentinfra.rollouts._spec import (
     MAX_GROUP_SIZE,
     ROLLOUT_SCHEMA_VERSION,
@@ -40,6 +41,7 @@ __all__ = [
     "Admission",
     "AsyncRolloutClient",
     "GradeClaim",
+    "GradeDesk",
     "GradeLedger",
     "Group",
     "GroupRequest",

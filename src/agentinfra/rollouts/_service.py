@@ -30,7 +30,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -50,14 +49,15 @@ from agentinfra._journal import Journal
 from agentinfra._pidlock import try_lock
 from agentinfra._settings import Settings
 from agentinfra.agent import EndpointLimiter, preflight, probe_tokens
-from agentinfra.environments import Environment, Outcome, Submission, environment_definition
+from agentinfra.environments import environment_definition
 from agentinfra.errors import AgentError, AgentInfraError, ConfigError, RolloutError
-from agentinfra.rollouts._book import GradeLedger, RolloutBook, RolloutState
+from agentinfra.rollouts._book import RolloutBook, RolloutState
+from agentinfra.rollouts._grading import GradeDesk
 from agentinfra.rollouts._orphans import sweep_orphaned_jails
 from agentinfra.rollouts._runner import read_trajectory, run_rollout
 from agentinfra.rollouts._spec import Group, GroupRequest, new_group
 
-__all__ = ["PROBE_TTL_S", "RolloutService", "ServiceConfig", "grade_key"]
+__all__ = ["PROBE_TTL_S", "RolloutService", "ServiceConfig"]
 
 PROBE_TTL_S = 30.0
 """How long an endpoint's preflight and token probe are trusted before a new group checks again."""
@@ -102,16 +102,6 @@ class ServiceConfig:
             raise ConfigError(
                 f"max_pending={self.max_pending} must be >= concurrency={self.concurrency} (--max-pending)"
             )
-
-
-def grade_key(environment: str, task: bytes, name: str, submission: bytes) -> str:
-    """The idempotency key of a grading: SHA-256 over the environment, the task's and the submission's hashes."""
-    digest = hashlib.sha256()
-    for part in (environment.encode(), hashlib.sha256(task).digest(), name.encode(),
-                 hashlib.sha256(submission).digest()):  # fmt: skip
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part)
-    return digest.hexdigest()
 
 
 class _RefusedError(Exception):
@@ -177,7 +167,10 @@ class RolloutService:
         self.api_key_of = api_key_of
         self.on_group_done = on_group_done
         self.book = RolloutBook(config.max_pending, config.concurrency)
-        self.grades = GradeLedger(config.max_grades_in_flight)
+        self.desk = GradeDesk(
+            config.state_dir / "grades", settings, max_in_flight=config.max_grades_in_flight,
+            timeout_s=config.grade_timeout_s, observe=lambda s: self.metrics.grade_s.observe(s),
+        )  # fmt: skip
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         self.metrics = _Metrics()
@@ -188,8 +181,6 @@ class RolloutService:
         self._cancel_reasons: dict[str, str] = {}
         self._finished: dict[str, asyncio.Event] = {}
         self._group_changed: dict[str, asyncio.Condition] = {}
-        self._grade_done: dict[str, asyncio.Event] = {}
-        self._environments: dict[tuple[str, str], Environment] = {}
         self._preflighted: dict[tuple[str, str, bool | None], tuple[float, bool]] = {}
         self._work = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
@@ -206,9 +197,6 @@ class RolloutService:
 
     def _trajectory_path(self, rid: str) -> Path:
         return self.config.state_dir / "trajectories" / f"{rid}.json"
-
-    def _grade_path(self, key: str) -> Path:
-        return self.config.state_dir / "grades" / f"{key}.json"
 
     # -- life ----------------------------------------------------------------------
 
@@ -602,16 +590,9 @@ class RolloutService:
 
     async def _grade(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        environment_name, task_path, name = (
-            body.get("environment"),
-            body.get("task"),
-            body.get("name", "submission"),
-        )
-        if (
-            not isinstance(environment_name, str)
-            or not isinstance(task_path, str)
-            or not isinstance(name, str)
-        ):
+        fields = (body.get("environment"), body.get("task"), body.get("name", "submission"))
+        environment, task, name = fields
+        if not all(isinstance(f, str) for f in fields):
             raise _RefusedError(422, "environment, task and name must be strings")
         try:
             data = base64.b64decode(str(body.get("submission_b64", "")), validate=True)
@@ -619,92 +600,18 @@ class RolloutService:
             raise _RefusedError(422, "submission_b64 must be base64") from None
         if not data:
             raise _RefusedError(422, "submission_b64 is empty")
-        environment = await self._environment(environment_name, task_path)
-        key = grade_key(environment_name, environment.task.data, name, data)
-        stored = await asyncio.to_thread(self._stored_grade, key)
-        if stored is not None:
-            return web.json_response({**stored, "graded": False})
-        while True:
-            claim = self.grades.claim(key)
-            if claim.kind == "done":
-                assert claim.answer is not None
-                return web.json_response({**claim.answer, "graded": False})
-            if claim.kind == "full":
-                raise _RefusedError(429, f"{self.config.max_grades_in_flight} gradings are running; retry after 5 s",
-                               {"Retry-After": "5"})  # fmt: skip
-            if claim.kind == "new":
-                break
-            await self._grade_done.setdefault(key, asyncio.Event()).wait()
-        self._grade_done.setdefault(key, asyncio.Event())
-        answer: dict[str, Any] | None = None
         try:
-            answer = await self._evaluate(environment, key, Submission(data=data, name=name))
-            await asyncio.to_thread(
-                write_atomic, self._grade_path(key), json.dumps(answer).encode()
-            )
-        finally:
-            self.grades.settle(key, answer)
-            self.metrics.grades.set(self.grades.gradings)
-            self._grade_done.pop(key).set()
-        return web.json_response({**answer, "graded": True})
-
-    def _stored_grade(self, key: str) -> dict[str, Any] | None:
-        path = self._grade_path(key)
-        if not path.is_file():
-            return None
-        answer: dict[str, Any] = json.loads(path.read_bytes())
-        return answer
-
-    async def _environment(self, name: str, task_path: str) -> Environment:
-        opened = self._environments.get((name, task_path))
-        if opened is not None:
-            return opened
-        try:
-            definition = environment_definition(name)
-            if not Path(task_path).is_file():
-                raise ConfigError(f"no task file at {task_path} (task)")
-            task = await asyncio.to_thread(definition.load_task, Path(task_path))
-            environment = definition.open(task, definition.new_settings(self.settings))
+            answer = await self.desk.grade(str(environment), str(task), str(name), data)
         except AgentInfraError as exc:
             raise _RefusedError(400, str(exc)) from None
-        self._environments[(name, task_path)] = environment
-        return environment
-
-    async def _evaluate(
-        self, environment: Environment, key: str, submission: Submission
-    ) -> dict[str, Any]:
-        started = time.monotonic()
-        infra: dict[str, str] | None = None
-        try:
-            evaluation = await asyncio.wait_for(
-                environment.evaluate(submission), self.config.grade_timeout_s
-            )
-        except TimeoutError:
-            infra = {
-                "kind": "grader_error",
-                "message": f"grading took more than {self.config.grade_timeout_s} s",
-            }
-            evaluation = None
-        except Exception as exc:  # a grader crash is an infra failure, never the submission's 0
-            infra = {"kind": "grader_error", "message": _one_line(f"{type(exc).__name__}: {exc}")}
-            evaluation = None
-        elapsed = time.monotonic() - started
-        self.metrics.grade_s.observe(elapsed)
-        if evaluation is None:
-            return {"key": key, "outcome": Outcome.GRADER_ERROR.value, "score": None, "correct": False,
-                    "hack_flagged": False, "findings": [], "infra_failure": infra, "grading_s": elapsed}  # fmt: skip
-        if evaluation.outcome is Outcome.GRADER_ERROR:
-            infra = {
-                "kind": "grader_error",
-                "message": _one_line(evaluation.error or "grader error"),
-            }
-        return {
-            "key": key, "outcome": evaluation.outcome.value, "score": evaluation.score,
-            "score_unit": evaluation.score_unit, "correct": evaluation.correct,
-            "hack_flagged": evaluation.is_hack,
-            "findings": [f.model_dump(mode="json") for f in evaluation.findings],
-            "infra_failure": infra, "grading_s": elapsed,
-        }  # fmt: skip
+        finally:
+            self.metrics.grades.set(self.desk.ledger.gradings)
+        if answer is None:
+            raise _RefusedError(
+                429, f"{self.config.max_grades_in_flight} gradings are running; retry after 5 s",
+                {"Retry-After": "5"},
+            )  # fmt: skip
+        return web.json_response(answer)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(
