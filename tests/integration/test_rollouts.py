@@ -279,19 +279,52 @@ def test_grade_is_idempotent_and_a_grader_timeout_is_an_infra_failure(
     assert "0.5 s" in timed_out["infra_failure"]["message"]
 
 
+def _jailed_descendants(root_pid: int) -> set[tuple[int, int]]:
+    """(pid, uid) of processes under sandbox uids descending from ``root_pid`` (other programs on
+    the machine may run jails of their own: they are not this service's)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry)] = int(stat[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found = set()
+    for pid, uid in sandboxed_processes():
+        cursor = pid
+        while cursor > 1 and cursor != root_pid:
+            cursor = parents.get(cursor, 0)
+        if cursor == root_pid:
+            found.add((pid, uid))
+    return found
+
+
+def _still_alive(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    alive = set()
+    for pid, uid in processes:
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                alive.add((pid, uid))
+        except OSError:
+            continue
+    return alive
+
+
 @pytest.mark.slow
 def test_kill_9_mid_grading_then_restart_finishes_every_rollout_and_leaves_no_jail(
     tmp_path: Path, services: list[Service]
 ) -> None:
-    before = sandboxed_processes()
     with ScriptedModelServer(solver(), models=[MODEL]) as model:
         service = Service(tmp_path / "state", "--concurrency", "2")
         services.append(service)
         group = service.client.submit_group(_group(model.base_url, 2))
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not (sandboxed_processes() - before):
-            time.sleep(0.05)  # until a grading has a jail running
-        assert sandboxed_processes() - before, "no grading started"
+        jailed: set[tuple[int, int]] = set()
+        while time.monotonic() < deadline and not jailed:
+            jailed = _jailed_descendants(service.process.pid)
+            time.sleep(0.02)  # until a grading has a jail running
+        assert jailed, "no grading started"
         service.kill9()
         restarted = Service(tmp_path / "state", "--concurrency", "2")
         services.append(restarted)
@@ -303,7 +336,7 @@ def test_kill_9_mid_grading_then_restart_finishes_every_rollout_and_leaves_no_ja
         assert len(trajectory["turn_rewards"]) == 1
     restarted.stop()
     time.sleep(0.5)
-    assert sandboxed_processes() - before == set()
+    assert _still_alive(jailed) == set()  # none of the killed service's jails outlived it
 
 
 @pytest.mark.slow
