@@ -16,6 +16,7 @@ never exceptions. Third-party exceptions are translated at the component boundar
     │   ├── TierUnavailableError a tier (disk, server, Redis) cannot be reached
     │   └── TraceFormatError     a request trace line is malformed
     ├── HarnessError             harness/ (runs, journal, queue, reports)
+    ├── RolloutError             rollouts/ (the service's journal, or its answer to a client)
     ├── SandboxError             sandbox/ (jails, uids, the fork server, the channel)
     │   ├── ChannelClosedError   a jailed process closed its end of the channel
     │   ├── ChannelTimeoutError  a jailed process did not answer before the deadline
@@ -43,6 +44,7 @@ __all__ = [
     "HarnessError",
     "KVCacheError",
     "ProtocolError",
+    "RolloutError",
     "SandboxError",
     "StoreLockedError",
     "TaskEnvironmentError",
@@ -94,6 +96,18 @@ class TraceFormatError(KVCacheError):
 
 class HarnessError(AgentInfraError):
     """Base of the run harness's errors (runs, journal, grading queue, reports)."""
+
+
+class RolloutError(AgentInfraError):
+    """The rollout service failed, or refused a request (``status``: its HTTP status, 0 when none;
+    ``retry_after_s``: a 429's ``Retry-After``)."""
+
+    def __init__(
+        self, message: str, *, status: int = 0, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class SandboxError(AgentInfraError):

@@ -4,7 +4,8 @@ The allowed direction (docs/architecture.md): shared modules (the package root,
 `errors`, `_settings`) import no component; `kvcache` and `agent` import only shared
 modules; `sandbox` imports none, and of the shared modules only `errors` (its
 exception tree); `engines` may use `kvcache`; `environments` may use `agent` and
-`sandbox`; `harness` uses `environments` and `agent`; `cli` uses everything.
+`sandbox`; `harness` uses `environments` and `agent`; `rollouts` uses `harness` and what it uses;
+`cli` uses everything.
 Nothing in src/ but `cli` imports `engines`.
 
 One module lives in another component's folder: `agentinfra.kvcache.vllm`, the old
@@ -32,8 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "sandbox": set(),
     "environments": {"agent", "sandbox"},
     "harness": {"environments", "agent", "sandbox"},
+    "rollouts": {"harness", "environments", "agent", "sandbox"},
     "engines": {"kvcache"},
-    "cli": {"kvcache", "engines", "agent", "environments", "harness", "sandbox"},
+    "cli": {"kvcache", "engines", "agent", "environments", "harness", "rollouts", "sandbox"},
 }
 RELOCATED = {"agentinfra.kvcache.vllm": "agentinfra.engines.vllm"}
 """Modules kept at an old path for compatibility -> the module they alias (its component is theirs)."""

@@ -24,6 +24,8 @@ from agentinfra.cli._desktop import desktop_app
 from agentinfra.cli._grade import grade_command
 from agentinfra.cli._kv import kv_app
 from agentinfra.cli._kv_server import register as register_kv_server
+from agentinfra.cli._model_serve import register as register_model
+from agentinfra.cli._rollouts import register as register_rollouts
 from agentinfra.cli._runs import register as register_runs
 from agentinfra.errors import AgentInfraError
 
@@ -119,6 +121,8 @@ app.add_typer(kv_app, name="kv")
 app.add_typer(desktop_app, name="desktop")
 app.command("grade")(grade_command)
 register_runs(app)
+register_rollouts(app)
+register_model(app)
 
 
 def main() -> None:

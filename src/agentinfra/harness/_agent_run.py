@@ -37,7 +37,7 @@ from agentinfra.agent import (
 )
 from agentinfra.environments import AgentHooks, Submission
 from agentinfra.errors import ConfigError
-from agentinfra.harness._executors import open_environment
+from agentinfra.harness._executors import Executor, open_environment
 from agentinfra.harness._queue import RunHarness, graded_score
 from agentinfra.harness._rundir import RunDirectory
 from agentinfra.harness._spec import Budget, RunSpec
@@ -119,8 +119,11 @@ async def run_agent(
     limiter: EndpointLimiter,
     eval_workers: int = 1,
     state: AgentRunState | None = None,
+    executor: Executor | None = None,
 ) -> AgentOutcome:
-    """Runs (or resumes) the agent of ``run`` until it stops; grading drains before returning."""
+    """Runs (or resumes) the agent of ``run`` until it stops; grading drains before returning.
+
+    ``executor`` grades the run's submissions (default: in this process, fresh hidden seeds)."""
     loop_json = run.spec.agent.get("loop")
     if not isinstance(loop_json, dict):
         raise ConfigError(
@@ -144,7 +147,9 @@ async def run_agent(
         if graded.get("outcome") == "passed" and score is not None:
             state.best_score = max(state.best_score or 0.0, score)
 
-    harness = RunHarness(run, environment, eval_workers=eval_workers, on_graded=on_graded)
+    harness = RunHarness(
+        run, environment, eval_workers=eval_workers, on_graded=on_graded, executor=executor
+    )
     harness.recover()
     run.layout.agent_dir.mkdir(exist_ok=True)
     transcript = Transcript.open(run.layout.transcript)

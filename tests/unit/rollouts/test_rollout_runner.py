@@ -1,0 +1,125 @@
+"""The runner's pieces: gradings with the group's seed; a trajectory even when no run could be read."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agentinfra.environments import Evaluation, Outcome, Submission, Task
+from agentinfra.environments.kernels import KernelSettings
+from agentinfra.harness import EvaluationRequest
+from agentinfra.rollouts import GroupRequest, SeededExecutor, new_group, read_trajectory
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.seeds: list[int | None] = []
+
+    async def evaluate(self, request: EvaluationRequest) -> Evaluation:
+        self.seeds.append(request.seed)
+        return Evaluation(
+            environment="kernels", outcome=Outcome.PASSED, correct=True, score_unit="x"
+        )
+
+
+def test_every_grading_of_a_group_uses_its_hidden_seed() -> None:
+    executor = SeededExecutor(1234)
+    recorder = _Recorder()
+    executor._local = recorder  # type: ignore[assignment]
+    request = EvaluationRequest(
+        environment="kernels", task=Task(name="t", data=b"x"), settings=KernelSettings(),
+        submission=Submission(data=b"code"),
+    )  # fmt: skip
+    for _ in range(2):
+        asyncio.run(executor.evaluate(request))
+    assert recorder.seeds == [1234, 1234]  # never the fresh (None) seed of a plain run
+
+
+def _group() -> Any:
+    return new_group(GroupRequest(environment="kernels", task="/t.py", group_size=2, model="m",
+                                  base_url="http://127.0.0.1:1/v1", policy_version="v3"))  # fmt: skip
+
+
+def test_a_rollout_cancelled_before_it_started_still_has_a_trajectory(tmp_path: Path) -> None:
+    group = _group()
+    rid = group.rollout_ids[1]
+    trajectory = read_trajectory(tmp_path / rid, group, cancelled="stale")
+    assert trajectory["infra_failure"] == {"kind": "cancelled", "message": "stale"}
+    assert trajectory["group_id"] == group.group_id
+    assert trajectory["policy_version"] == "v3"
+    assert trajectory["tokens"] == "unavailable"
+    assert trajectory["calls"] == []
+    assert trajectory["reward"] == 0.0
+    assert trajectory["rollout"]["index"] == 1
+
+
+def test_an_unreadable_run_is_an_infra_failure_not_a_bad_episode(tmp_path: Path) -> None:
+    group = _group()
+    trajectory = read_trajectory(tmp_path / group.rollout_ids[0], group)
+    assert trajectory["infra_failure"]["kind"] == "internal"
+    failure = {"kind": "environment_died", "message": "desktop gone"}
+    labelled = read_trajectory(tmp_path / group.rollout_ids[0], group, failure=failure)
+    assert labelled["infra_failure"] == failure
+
+
+def test_run_groups_gives_a_labelled_trajectory_when_a_rollout_breaks(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import agentinfra.rollouts._runner as runner
+    from agentinfra._settings import load_settings
+
+    async def broken(root: Path, group: Any, rollout_id: str, **_: Any) -> dict[str, Any]:
+        if rollout_id.endswith("-1"):
+            raise RuntimeError("bug")
+        return {"run_id": rollout_id, "infra_failure": None}
+
+    monkeypatch.setattr(runner, "run_rollout", broken)
+    got: list[dict[str, Any]] = []
+    group = _group()
+    done = asyncio.run(
+        runner.run_groups(
+            [group],
+            tmp_path,
+            settings=load_settings(),
+            api_key="k",
+            concurrency=2,
+            on_trajectory=got.append,
+        )
+    )
+    assert done == 2
+    labels = sorted(str((t["infra_failure"] or {}).get("kind")) for t in got)
+    assert labels == ["None", "internal"]
+
+
+def _transcript(path: Path, results: list[tuple[str, bool]]) -> None:
+    from agentinfra._journal import Journal
+
+    (path / "agent").mkdir(parents=True)
+    journal = Journal.open(path / "agent" / "transcript.jsonl")
+    for content, is_error in results:
+        journal.append(
+            "tool_result", {"name": "computer_13", "content": content, "is_error": is_error}
+        )
+    journal.close()
+
+
+def test_a_desktop_that_died_under_the_episode_is_an_infra_failure(tmp_path: Path) -> None:
+    from agentinfra.rollouts import tool_failure_of
+
+    died = ("error: the tool computer_13 failed inside agentinfra (ControllerError: desktop "
+            "controller is gone (code))\n[grader] note")  # fmt: skip
+    _transcript(tmp_path / "a", [("ok", False), ("error: no such key 'x'", True), (died, True)])
+    failure = tool_failure_of(tmp_path / "a")
+    assert failure is not None
+    assert failure["kind"] == "environment_died"
+    assert failure["message"].startswith(
+        "the tool computer_13 failed inside agentinfra (ControllerError"
+    )
+    bug = "error: the tool read_file failed inside agentinfra (KeyError: 'x')"
+    _transcript(tmp_path / "b", [(bug, True)])
+    assert tool_failure_of(tmp_path / "b") == {"kind": "internal", "message": bug[7:]}
+    _transcript(tmp_path / "c", [("error: the tool x failed inside agentinfra (A: b)", False),
+                                 ("error: bad arguments", True)])  # fmt: skip
+    assert tool_failure_of(tmp_path / "c") is None  # the model's mistakes are not infra failures
+    assert tool_failure_of(tmp_path / "none") is None
