@@ -20,10 +20,12 @@ def test_version() -> None:
 
 
 COMMANDS = ["info", "grade", "start", "resume", "submit", "finish", "regrade", "report", "replay-run",
-            "run", "export", "summary", "kv", "desktop"]  # fmt: skip
+            "run", "export", "summary", "kv", "desktop", "rollouts", "model"]  # fmt: skip
 SUBCOMMANDS = {
     "kv": ["compare", "demo", "explain", "gen-trace", "replay", "serve", "stats"],
     "desktop": ["audit", "run", "tasks"],
+    "rollouts": ["run", "serve"],
+    "model": ["serve"],
 }
 
 
