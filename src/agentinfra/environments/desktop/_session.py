@@ -427,6 +427,7 @@ class DesktopSession:
         for _ in range(passes):
             new = [p for p in self.processes() if p.key not in stopped]
             if not new:
+                _wait_stopped(list(stopped), _STOP_WAIT_S)
                 return sorted(stopped.values(), key=lambda p: p.pid)
             for process in new:
                 with contextlib.suppress(ProcessLookupError):
@@ -443,6 +444,12 @@ class DesktopSession:
                     os.kill(process.pid, signal.SIGKILL)
                 killed += 1
         return killed
+
+    def thaw_all(self) -> None:
+        """SIGCONTs every process of the desktop (after a `freeze` for a submission mid-episode)."""
+        for process in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
 
     def thaw_setup(self) -> None:
         """SIGCONTs the setup set alone (everything else is dead: `kill_after_setup` ran first)."""
@@ -485,6 +492,32 @@ class ProcessInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "comm": self.comm, "cmdline": self.cmdline}
+
+
+_STOP_WAIT_S = 2.0
+"""How long the freeze waits for SIGSTOP to take effect (a process mid-system-call stops on its way out)."""
+
+
+def _wait_stopped(keys: list[tuple[int, int]], timeout: float) -> bool:
+    """Waits until every process in ``keys`` is stopped, dead or gone; False if ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    waiting = list(keys)
+    while waiting:
+        still = []
+        for pid, start in waiting:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    fields = handle.read(4096).rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if int(fields[19]) == start and fields[0] not in (b"T", b"t", b"Z", b"X"):
+                still.append((pid, start))
+        waiting = still
+        if waiting:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+    return True
 
 
 def uid_processes(uid: int) -> list[ProcessInfo]:
