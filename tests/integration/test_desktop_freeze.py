@@ -1,0 +1,167 @@
+"""The episode's end on a real desktop: freeze first, one verdict whatever the episode did.
+
+Our own small tasks in OSWorld's format, written by each test; the grader is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentinfra.environments import Outcome
+from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments.desktop._episode import EpisodeResult, run_episode
+from agentinfra.environments.desktop._grading import grade_episode
+from agentinfra.environments.desktop._session import DesktopConfig, check_prerequisites
+from agentinfra.errors import TaskEnvironmentError
+
+ROOT = Path(__file__).resolve().parents[2]
+MIRROR = ROOT / "examples" / "desktop" / "mirror"
+HELLO = "https://files.agentinfra.example/desktop/hello.txt"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _desktop_available() -> None:
+    try:
+        check_prerequisites()
+    except TaskEnvironmentError as exc:
+        pytest.fail(str(exc))
+
+
+def _task(tmp_path: Path, *, config: list[Any] | None = None, postconfig: list[Any] | None = None,
+          infeasible: bool = False) -> Any:  # fmt: skip
+    evaluator: dict[str, Any] = (
+        {"func": "infeasible"}
+        if infeasible
+        else {
+            "func": "compare_text_file",
+            "result": {
+                "type": "vm_file",
+                "path": "/home/user/Desktop/hello.txt",
+                "dest": "hello.txt",
+            },
+            "expected": {"type": "cloud_file", "path": HELLO, "dest": "hello.txt"},
+        }
+    )
+    if postconfig:
+        evaluator["postconfig"] = postconfig
+    document = {"id": f"freeze-{tmp_path.name}"[:60], "snapshot": "os", "source": "agentinfra-test",
+                "instruction": "Create ~/Desktop/hello.txt containing: hello world",
+                "config": config or [], "evaluator": evaluator}  # fmt: skip
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(document))
+    return load_desktop_task(path)
+
+
+def _play(task: Any, actions: list[Any], tmp_path: Path, *, track: str = "code",
+          space: str = "pyautogui", config: DesktopConfig | None = None) -> tuple[EpisodeResult, Any]:  # fmt: skip
+    episode = asyncio.run(run_episode(task, actions, action_space=space, track=track,
+                                      episode_dir=tmp_path / "episode", mirror=MIRROR, config=config,
+                                      accessibility=False))  # fmt: skip
+    return episode, grade_episode(task, episode, MIRROR)
+
+
+_LATE_WRITES = (
+    "import subprocess, threading, time, ctypes, os\n"
+    # a process that writes the answer 2 s after DONE, while postconfig runs
+    "subprocess.Popen(['sh', '-c', 'sleep 2; echo hello world > ~/Desktop/hello.txt'], start_new_session=True)\n"
+    # a thread left behind where the action ran (it used to be the controller, which postconfig thaws)
+    "def late():\n"
+    "    time.sleep(2)\n"
+    "    open('/home/user/Desktop/hello.txt', 'w').write('hello world\\n')\n"
+    "threading.Thread(target=late).start()\n"
+    # the controller (pid 1) cannot be ptraced by the agent's code
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "result = libc.ptrace(16, 1, 0, 0)\n"
+    "open('/home/user/ptrace.txt', 'w').write(f'{result} {ctypes.get_errno()}')\n"
+)
+
+
+def test_a_write_after_done_is_not_graded_while_postconfig_runs(tmp_path: Path) -> None:
+    task = _task(tmp_path, postconfig=[{"type": "sleep", "parameters": {"seconds": 3}},
+                                       {"type": "execute", "parameters": {"command": ["true"]}}])  # fmt: skip
+    started = time.monotonic()
+    episode, verdict = _play(task, [_LATE_WRITES, "DONE"], tmp_path)
+    assert episode.crashed is None
+    assert [f.check for f in episode.findings] == []
+    assert verdict.outcome is Outcome.FAILED
+    assert verdict.score == 0.0
+    snapshot = tmp_path / "episode" / "snapshot"
+    assert not (snapshot / "Desktop" / "hello.txt").exists()
+    result, errno = (snapshot / "ptrace.txt").read_text().split()
+    assert (result, errno) == ("-1", "1")  # EPERM: the controller is not dumpable
+    # the facts: the processes alive at the freeze, read from the host's /proc
+    processes = episode.facts["processes"]
+    assert any(p["cmdline"][:2] == ["sh", "-c"] for p in processes)
+    assert any(p["comm"] == "Xvfb" for p in processes)
+    assert all(set(p) == {"pid", "comm", "cmdline"} for p in processes)
+    time.sleep(max(0.0, 5.0 - (time.monotonic() - started)))
+    assert not (snapshot / "Desktop" / "hello.txt").exists()
+
+
+def test_a_long_sleep_on_gui_only_is_a_time_limit_finding_with_a_verdict(tmp_path: Path) -> None:
+    task = _task(tmp_path)
+    started = time.monotonic()
+    episode, verdict = _play(task, ["time.sleep(3600)", "pyautogui.press('a')", "DONE"], tmp_path,
+                             track="gui-only", config=DesktopConfig(action_time_limit_s=3))  # fmt: skip
+    assert time.monotonic() - started < 60
+    assert episode.crashed is None
+    assert [f.check for f in episode.findings] == ["action_time_limit"]
+    assert episode.steps == 1  # the episode ended there
+    assert episode.last_action is None
+    assert verdict.outcome is Outcome.FAILED  # graded as it stands, not crashed
+    assert episode.snapshot is not None
+    assert episode.snapshot.is_dir()
+
+
+def test_actions_after_fail_are_refused_and_fail_does_not_count(tmp_path: Path) -> None:
+    task = _task(tmp_path, infeasible=True)
+    episode, verdict = _play(task, ["FAIL", "WAIT", {"action_type": "PRESS", "parameters": {"key": "a"}}],
+                             tmp_path, space="computer_13")  # fmt: skip
+    assert [f.check for f in episode.findings] == ["action_after_fail"]
+    assert episode.last_action is None
+    assert verdict.score == 0.0
+    log = [
+        json.loads(line)
+        for line in (tmp_path / "episode" / "actions.jsonl").read_text().splitlines()
+    ]
+    assert [e.get("end") for e in log] == ["FAIL", None, None]
+    assert all("not played" in e["error"] for e in log[1:])
+    # FAIL as the last action still answers an infeasible task
+    episode, verdict = _play(task, ["FAIL"], tmp_path / "last", space="computer_13")
+    assert episode.findings == []
+    assert verdict.score == 1.0
+
+
+def test_a_failing_postconfig_step_is_a_finding_and_the_episode_is_graded(tmp_path: Path) -> None:
+    task = _task(tmp_path, postconfig=[{"type": "execute", "parameters": {"command": ["sh", "-c", "exit 3"]}},
+                                       {"type": "execute", "parameters": {"command": ["true"]}}])  # fmt: skip
+    code = "open('/home/user/Desktop/hello.txt', 'w').write('hello world\\n')"
+    episode, verdict = _play(task, [code, "DONE"], tmp_path)
+    assert [(f.check, f.severity) for f in episode.findings] == [("postconfig_failed", "block")]
+    assert "postconfig step 0 (execute)" in episode.findings[0].message
+    assert "exited with 3" in episode.findings[0].message
+    assert episode.snapshot is not None
+    assert (episode.snapshot / "Desktop" / "hello.txt").read_text() == "hello world\n"
+    assert verdict.outcome in (
+        Outcome.PASSED,
+        Outcome.FAILED,
+    )  # one verdict (the grader blocks the pass)
+
+
+def test_a_failing_setup_step_is_reported_with_what_failed(tmp_path: Path) -> None:
+    task = _task(tmp_path, config=[{"type": "execute", "parameters": {
+        "command": "echo password | sudo -S touch /tmp/x", "shell": True}}])  # fmt: skip
+    episode, _ = _play(task, ["DONE"], tmp_path)
+    assert episode.setup_error is not None
+    assert episode.setup_error.startswith("setup step 0 (execute) failed:")
+    assert "sudo" in episode.setup_error
+    assert episode.steps == 0  # no action ran on a desktop whose setup failed
+    assert episode.snapshot is not None
