@@ -165,3 +165,57 @@ def test_a_failing_setup_step_is_reported_with_what_failed(tmp_path: Path) -> No
     assert "sudo" in episode.setup_error
     assert episode.steps == 0  # no action ran on a desktop whose setup failed
     assert episode.snapshot is not None
+
+
+def test_the_agent_path_freezes_first_at_submit_and_at_done(tmp_path: Path) -> None:
+    asyncio.run(_agent_path(tmp_path))
+
+
+async def _agent_path(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from agentinfra.environments import AgentHooks, Submission
+    from agentinfra.environments.desktop._agent import DesktopAgent
+    from agentinfra.environments.desktop._environment import grade_episode_archive
+    from agentinfra.environments.desktop._options import DesktopAgentOptions
+
+    task = _task(tmp_path, postconfig=[{"type": "sleep", "parameters": {"seconds": 6}}])
+    late_writes = _LATE_WRITES.replace("sleep 2", "sleep 4").replace(
+        "time.sleep(2)", "time.sleep(4)"
+    )
+    submitted: list[Submission] = []
+
+    async def submit(submission: Submission) -> str:
+        submitted.append(submission)
+        return f"submission {len(submitted)}"
+
+    async def results(_: float) -> str:
+        return ""
+
+    options = {"action_space": "pyautogui", "track": "code", "observation": "screenshot"}
+    hooks = AgentHooks(submit=submit, results=results, options=options)
+    agent = DesktopAgent(
+        task, MIRROR, tmp_path / "run", hooks, DesktopAgentOptions.from_options(options)
+    )
+    try:
+        await agent.act(late_writes)
+        await agent.submit()  # mid-episode: frozen while copied, then the episode goes on
+        await agent.end("DONE")  # before the writers' 4 s; postconfig then sleeps 6 s
+    finally:
+        await agent.close()
+
+    def episode_json(submission: Submission) -> dict[str, Any]:
+        with tarfile.open(fileobj=io.BytesIO(submission.data)) as archive:
+            member = archive.extractfile("episode.json")
+            assert member is not None
+            return dict(json.load(member))
+
+    middle, final = (episode_json(s) for s in submitted)
+    assert any(p["cmdline"][:2] == ["sh", "-c"] for p in middle["facts"]["processes"])
+    assert final["facts"]["processes"]
+    assert final["last_action"] == "DONE"
+    for submission in submitted:  # neither the shell nor the thread wrote into a graded state
+        verdict = grade_episode_archive(task, submission.data, MIRROR)
+        assert verdict.score == 0.0
+        assert verdict.outcome is Outcome.FAILED

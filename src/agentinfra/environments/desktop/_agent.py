@@ -218,9 +218,8 @@ class DesktopAgent:
     async def _start(self, session: DesktopSession) -> None:
         await session.start()
         self.setup_error = await run_setup(session, self.task, self.mirror)
-        if (
-            self._needs_tree()
-        ):  # the accessibility bus starts now, with the setup set, for the final read
+        # The accessibility bus starts now, in the setup set, when the end reads the tree.
+        if self._needs_tree():
             await self._tree(session)
         # Before the first action (or the replay) nothing of the agent runs: this is the setup set.
         await asyncio.to_thread(session.record_setup)
