@@ -106,6 +106,29 @@ def test_a_write_after_done_is_not_graded_while_postconfig_runs(tmp_path: Path) 
     assert not (snapshot / "Desktop" / "hello.txt").exists()
 
 
+def test_a_command_typed_into_a_setup_terminal_does_not_run_during_postconfig(
+    tmp_path: Path,
+) -> None:
+    # gui-only: the agent types into the xterm the setup opened; its shell (a setup process) would run
+    # the echo once the killed `sleep` is gone and postconfig thaws it: shells stay stopped
+    xterm = {"type": "launch", "parameters": {"command": ["xterm", "-geometry", "100x30+50+50"]}}
+    task = _task(tmp_path, config=[xterm, {"type": "sleep", "parameters": {"seconds": 1}}],
+                 postconfig=[{"type": "sleep", "parameters": {"seconds": 2}}])  # fmt: skip
+    typed = {"action_type": "TYPING",
+             "parameters": {"text": "sleep 2; echo hello world > ~/Desktop/hello.txt\n"}}  # fmt: skip
+    episode, verdict = _play(task, [typed, "DONE"], tmp_path, track="gui-only", space="computer_13")
+    assert episode.findings == []
+    assert verdict.score == 0.0
+    assert not (tmp_path / "episode" / "snapshot" / "Desktop" / "hello.txt").exists()
+    thaw = episode.facts["postconfig_thaw"]
+    assert thaw["left_stopped"]  # the shell
+    assert thaw["thawed"]  # the controller, Xvfb, xterm...
+    # the same typing, waited for, does write it (what stopped it was the freeze)
+    episode, verdict = _play(task, [typed, "WAIT", "WAIT", "DONE"], tmp_path / "waited", track="gui-only",
+                             space="computer_13")  # fmt: skip
+    assert verdict.score == 1.0
+
+
 def test_a_long_sleep_on_gui_only_is_a_time_limit_finding_with_a_verdict(tmp_path: Path) -> None:
     task = _task(tmp_path)
     started = time.monotonic()

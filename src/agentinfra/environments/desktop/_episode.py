@@ -375,7 +375,7 @@ async def finish(
                 ))  # fmt: skip
         else:
             await asyncio.to_thread(session.kill_after_setup)
-            session.thaw_setup()
+            result.facts["postconfig_thaw"] = session.thaw_setup()
             await _postconfig(session, live, result, mirror)
             if needs_accessibility_tree:
                 try:

@@ -29,6 +29,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -199,7 +200,7 @@ class DesktopSession:
         self.started_s = 0.0
         self.last_screenshot_s = 0.0
         self.closed = False
-        self.setup_set: set[tuple[int, int]] = set()
+        self.setup_set: dict[tuple[int, int], str | None] = {}
 
     async def __aenter__(self) -> DesktopSession:
         return self
@@ -413,8 +414,9 @@ class DesktopSession:
         return uid_processes(self.uid) if self.uid >= 0 else []
 
     def record_setup(self) -> None:
-        """Remembers the processes alive now (end of setup) as the setup set: the only ones ever thawed."""
-        self.setup_set = {p.key for p in self.processes()}
+        r"""Remembers the processes alive now (end of setup) as the setup set: the only ones ever thawed,
+        with the program each runs (a setup process that later ``exec``\ s another is not thawed)."""
+        self.setup_set = {p.key: _exe(p.pid) for p in self.processes()}
 
     def freeze(self, *, passes: int = 50) -> list[ProcessInfo] | None:
         """SIGSTOPs every process of the desktop, again until a pass finds none new; returns them.
@@ -451,12 +453,33 @@ class DesktopSession:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGCONT)
 
-    def thaw_setup(self) -> None:
-        """SIGCONTs the setup set alone (everything else is dead: `kill_after_setup` ran first)."""
+    def thaw_setup(self) -> dict[str, list[int]]:
+        r"""SIGCONTs the setup set alone (everything else is dead: `kill_after_setup` ran first).
+
+        Not thawed: a setup process that now runs another program than at setup
+        (it ``exec``\ ed one: killed), and shells and interpreters other than the
+        controller (left stopped): the agent may have typed commands into a
+        terminal the setup opened, which its shell would read and run once thawed.
+        Returns the pids in each case.
+        """
+        done: dict[str, list[int]] = {"thawed": [], "left_stopped": [], "killed_changed": []}
         for process in self.processes():
-            if process.key in self.setup_set:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGCONT)
+            if process.key not in self.setup_set:
+                continue
+            exe = _exe(process.pid)
+            if exe != self.setup_set[process.key]:
+                sig, kind = signal.SIGKILL, "killed_changed"
+            elif _INTERPRETER.match(os.path.basename(exe or "")) and not _namespace_init(
+                process.pid
+            ):
+                done["left_stopped"].append(process.pid)
+                continue
+            else:
+                sig, kind = signal.SIGCONT, "thawed"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+            done[kind].append(process.pid)
+        return done
 
 
 _STDERR_CAP_BYTES = 4 << 20
@@ -492,6 +515,31 @@ class ProcessInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "comm": self.comm, "cmdline": self.cmdline}
+
+
+_INTERPRETER = re.compile(
+    r"^(ba|da|z|k|c|tc|fi|mk|yash|busybox|r)?sh$|^(python|perl|ruby|node|nodejs|lua|tclsh|wish|php|guile)[0-9.]*$"
+)
+"""Programs that run what they read: a setup-set one is not thawed for postconfig."""
+
+
+def _namespace_init(pid: int) -> bool:
+    """Whether ``pid`` is its pid namespace's pid 1 (the jail's: the controller)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            status = handle.read(4096)
+    except OSError:
+        return False
+    line = next((x for x in status.split(b"\n") if x.startswith(b"NSpid:")), b"")
+    return line.split()[-1:] == [b"1"]
+
+
+def _exe(pid: int) -> str | None:
+    """The program ``pid`` runs (``/proc/PID/exe``, read by the host), None when it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
 
 
 _STOP_WAIT_S = 2.0
