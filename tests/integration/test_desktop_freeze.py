@@ -242,3 +242,13 @@ async def _agent_path(tmp_path: Path) -> None:
         verdict = grade_episode_archive(task, submission.data, MIRROR)
         assert verdict.score == 0.0
         assert verdict.outcome is Outcome.FAILED
+
+
+@pytest.mark.xfail(strict=True, reason="merge guard: the snapshot keeps links (contract29); the grading jail "
+                   "must not follow one out of the home (helper B's _evaluate/_grading); remove this mark then")  # fmt: skip
+def test_a_link_to_the_expected_file_does_not_pass(tmp_path: Path) -> None:
+    task = _task(tmp_path)
+    code = "import os\nos.symlink('/expected/0_hello.txt', '/home/user/Desktop/hello.txt')"
+    episode, verdict = _play(task, [code, "DONE"], tmp_path)
+    assert episode.snapshot_manifest["symlinks"] == {"Desktop/hello.txt": "/expected/0_hello.txt"}
+    assert verdict.score == 0.0
