@@ -252,3 +252,58 @@ def test_a_link_to_the_expected_file_does_not_pass(tmp_path: Path) -> None:
     episode, verdict = _play(task, [code, "DONE"], tmp_path)
     assert episode.snapshot_manifest["symlinks"] == {"Desktop/hello.txt": "/expected/0_hello.txt"}
     assert verdict.score == 0.0
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def test_freeze_kill_and_thaw_by_uid_pid_and_start_time(tmp_path: Path) -> None:
+    """The freeze's mechanics on plain processes of a spare uid (no desktop): who stops, dies, resumes."""
+    import subprocess
+
+    from agentinfra.environments.desktop._session import DesktopSession
+    from agentinfra.sandbox import kill_uid, reserve_uid
+
+    uid, lock = reserve_uid()
+    session = DesktopSession()
+    session.uid = uid
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+
+        def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+            process = subprocess.Popen(argv, user=uid, group=uid, cwd="/", start_new_session=True)
+            started.append(process)
+            return process
+
+        shell = spawn(["sh", "-c", "sleep 30; echo late"])
+        program = spawn(["sleep", "30"])
+        time.sleep(0.3)
+        session.record_setup()
+        later = spawn(["sleep", "31"])
+        time.sleep(0.3)
+        frozen = session.freeze()
+        assert frozen is not None
+        pids = {p.pid for p in frozen}
+        assert {shell.pid, program.pid, later.pid} <= pids
+        assert all(_state(pid) == "T" for pid in pids)
+        assert session.kill_after_setup() == 1  # `later` (the shell's `sleep 30` is from before the record)
+        assert later.wait(timeout=5) == -9
+        thaw = session.thaw_setup()
+        assert thaw["left_stopped"] == [shell.pid]  # a shell would run what comes next
+        assert program.pid in thaw["thawed"]
+        assert later.pid not in thaw["thawed"]
+        time.sleep(0.2)
+        assert _state(program.pid) == "S"
+        assert _state(shell.pid) == "T"
+    finally:
+        kill_uid(uid)
+        for process in started:
+            process.wait(timeout=5)  # our children: reaped here, or kill_uid counts their zombies
+        deadline = time.monotonic() + 5
+        while kill_uid(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        import os
+
+        os.close(lock)
+        session.remove()
