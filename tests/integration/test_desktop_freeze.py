@@ -287,7 +287,9 @@ def test_freeze_kill_and_thaw_by_uid_pid_and_start_time(tmp_path: Path) -> None:
         pids = {p.pid for p in frozen}
         assert {shell.pid, program.pid, later.pid} <= pids
         assert all(_state(pid) == "T" for pid in pids)
-        assert session.kill_after_setup() == 1  # `later` (the shell's `sleep 30` is from before the record)
+        assert (
+            session.kill_after_setup() == 1
+        )  # `later` (the shell's `sleep 30` is from before the record)
         assert later.wait(timeout=5) == -9
         thaw = session.thaw_setup()
         assert thaw["left_stopped"] == [shell.pid]  # a shell would run what comes next
