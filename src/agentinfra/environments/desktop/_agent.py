@@ -12,11 +12,15 @@ downscaled to ``screenshot_width`` (``image_url`` parts on the wire).
 * ``computer_13`` and ``pyautogui`` (OSWorld): coordinates are the screen's, as in
   OSWorld; ``pyautogui`` code runs on the run's track (``gui-only`` by default).
 * ``submit`` grades the current state while the episode goes on: every process
-  of the desktop is stopped (SIGSTOP), the home is copied, they resume; the copy
-  is a submission graded in isolation, like a kernel.
-* ``done`` and ``fail`` end the episode: postconfig, the desktop killed, the home
+  of the desktop is stopped (SIGSTOP, until none is new, and until each has
+  stopped), the processes are recorded from host ``/proc``, the home is copied,
+  they resume; the copy is a submission graded in isolation, like a kernel.
+* ``done`` and ``fail`` end the episode freeze first (`_episode.finish`): every
+  process stopped and recorded, those started after setup killed, the setup set
+  thawed only for live postconfig steps, the desktop killed, the home
   snapshotted and submitted as the final submission (FAIL recorded as the last
-  action, so it scores 1 only on an infeasible task).
+  action, so it scores 1 only on an infeasible task). An action past its time
+  limit ends the episode the same way, graded as it stands.
 
 Every action is journalled in ``<workspace>/episode/actions.jsonl`` (`ActionLog`,
 a `Journal`: fsync'd, a torn last line dropped) once it has run, with a hash of
@@ -40,7 +44,6 @@ import io
 import json
 import os
 import re
-import signal
 import stat
 import tarfile
 from pathlib import Path
@@ -49,10 +52,17 @@ from typing import Any
 from agentinfra._atomic import write_atomic
 from agentinfra._journal import Event, Journal
 from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult
-from agentinfra.environments import AgentHooks, AgentSetup, Submission
+from agentinfra.environments import AgentHooks, AgentSetup, Finding, Submission
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
-from agentinfra.environments.desktop._episode import run_setup_step, snapshot_home
+from agentinfra.environments.desktop._episode import (
+    EpisodeResult,
+    finish,
+    run_action_code,
+    run_setup,
+    snapshot_findings,
+    snapshot_home,
+)
 from agentinfra.environments.desktop._options import DesktopAgentOptions
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask
@@ -178,6 +188,8 @@ class DesktopAgent:
         self.executed = 0
         self.replay_note = ""
         self.replay_mismatch = (self.episode_dir / "replay_mismatch.json").exists()
+        self.setup_error: str | None = None
+        self.findings: list[Finding] = []
 
     # -- life ----------------------------------------------------------------------
     async def _desktop(self) -> DesktopSession:
@@ -205,8 +217,12 @@ class DesktopAgent:
 
     async def _start(self, session: DesktopSession) -> None:
         await session.start()
-        for step in self.task.config:
-            await run_setup_step(session, step, self.mirror)
+        self.setup_error = await run_setup(session, self.task, self.mirror)
+        # The accessibility bus starts now, in the setup set, when the end reads the tree.
+        if self._needs_tree():
+            await self._tree(session)
+        # Before the first action (or the replay) nothing of the agent runs: this is the setup set.
+        await asyncio.to_thread(session.record_setup)
         log = await asyncio.to_thread(self._action_log)  # opening may convert an old log
         journalled = [ActionLog.entry(event) for event in log.events]
         if not journalled:
@@ -244,7 +260,7 @@ class DesktopAgent:
             return
         for entry in entries:
             if entry.get("code"):
-                await session.request("code", code=entry["code"])
+                await run_action_code(session, entry["code"])
             if entry.get("wait_s"):
                 await asyncio.sleep(float(entry["wait_s"]))
             await asyncio.sleep(0.2)
@@ -384,7 +400,11 @@ class DesktopAgent:
             return await self._observe(session, self.replay_note)
         self.executed += 1
         if step.code:
-            reply = await session.request("code", code=step.code)
+            reply = await run_action_code(session, step.code)
+            if reply.get("time_limit"):
+                return [
+                    TextPart(await self._time_limit(action, step.code, str(reply.get("error"))))
+                ]
             if not reply.get("ok") or reply.get("error"):
                 note = f"the action raised: {reply.get('error')}"
         if step.wait_s:
@@ -398,53 +418,87 @@ class DesktopAgent:
         self.replay_note = ""
         return await self._observe(session, note, xml)
 
+    async def _time_limit(self, action: Any, code: str, error: str) -> str:
+        """An action ran past its time limit: the episode ends there, frozen and graded as it stands."""
+        self.findings.append(Finding(check="action_time_limit", severity="warn",
+                                     message=f"step {self.steps}: {error}; the episode ended there and is "
+                                             "graded as it stands"))  # fmt: skip
+        await asyncio.to_thread(self._log, {"action": action, "code": code, "error": error})
+        receipt = await self.end(None)
+        return f"{error}; the episode has ended and its state was graded: {receipt}"
+
     # -- submissions ---------------------------------------------------------------------
-    def _episode_json(self, last_action: str | None, a11y: str | None) -> dict[str, Any]:
+    def _episode_json(self, last_action: str | None, a11y: str | None,
+                      episode: EpisodeResult | None = None) -> dict[str, Any]:  # fmt: skip
+        findings = [*self.findings, *(episode.findings if episode else [])]
         return {"task_id": self.task.id, "action_space": self.options.action_space, "track": self.options.track,
                 "steps": self.steps, "last_action": last_action, "refused": self.refused,
                 "bypass_attempts": self.bypass_attempts, "accessibility_xml": a11y,
-                "replay_mismatch": self.replay_mismatch, "executed": self.executed}  # fmt: skip
+                "replay_mismatch": self.replay_mismatch, "executed": self.executed,
+                "findings": [f.model_dump() for f in findings], "setup_error": self.setup_error,
+                "facts": episode.facts if episode else {},
+                "snapshot_manifest": episode.snapshot_manifest if episode else {}}  # fmt: skip
 
     def _pack(self, home: Path, episode: dict[str, Any]) -> bytes:
+        """``episode.json`` and the home under ``home/``; links travel in the manifest, not as tar links
+        (tarfile's ``data`` filter refuses one that points outside, which an agent's link may)."""
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             data = json.dumps(episode).encode()
             info = tarfile.TarInfo("episode.json")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-            tar.add(home, arcname="home", recursive=True)
+            tar.add(home, arcname="home", recursive=True,
+                    filter=lambda member: None if member.issym() or member.islnk() else member)  # fmt: skip
         return buffer.getvalue()
 
     def _needs_tree(self) -> bool:
         return any(s and s["type"] == "accessibility_tree" for s in self.task.specs("result"))
 
     async def _snapshot_live(self, session: DesktopSession) -> bytes:
-        """The home as it is now: every process of the desktop stopped while it is copied."""
+        """The home as it is now: every process of the desktop stopped (and recorded) while it is copied.
+
+        No postconfig runs (the episode goes on); the processes resume after the copy.
+        """
         a11y = None
         if self._needs_tree():
             reply = await session.request("accessibility", max_nodes=5000)
             a11y = str(reply["xml"]) if reply.get("ok") else None
-        session.signal(signal.SIGSTOP)
+        episode = EpisodeResult(
+            self.task.id, self.options.action_space, self.options.track, self.episode_dir
+        )
         try:
-            target = await asyncio.to_thread(
+            frozen = await asyncio.to_thread(session.freeze)
+            if frozen is None:
+                raise ToolError(
+                    "the desktop's processes kept forking; it could not be frozen for submit"
+                )
+            episode.facts = {"processes": [p.to_json() for p in frozen]}
+            snapshot = await asyncio.to_thread(
                 snapshot_home, session.home, self.episode_dir / "submit-snapshot"
             )
         finally:
-            session.signal(signal.SIGCONT)
-        return await asyncio.to_thread(self._pack, target, self._episode_json(None, a11y))
-
-    async def _finish(self, session: DesktopSession, last_action: str) -> bytes:
-        for step in self.task.postconfig:
-            await run_setup_step(session, step, self.mirror)
-        a11y = None
-        if self._needs_tree():
-            reply = await session.request("accessibility", max_nodes=5000)
-            a11y = str(reply["xml"]) if reply.get("ok") else None
-        await session.close()  # the freeze: nothing of the episode runs during the copy
-        target = await asyncio.to_thread(
-            snapshot_home, session.home, self.episode_dir / "final-snapshot"
+            await asyncio.to_thread(session.thaw_all)
+        episode.snapshot_manifest = snapshot.manifest
+        episode.findings = snapshot_findings(snapshot.manifest)
+        return await asyncio.to_thread(
+            self._pack, snapshot.path, self._episode_json(None, a11y, episode)
         )
-        return await asyncio.to_thread(self._pack, target, self._episode_json(last_action, a11y))
+
+    async def _finish(self, session: DesktopSession, last_action: str | None) -> bytes:
+        episode = EpisodeResult(self.task.id, self.options.action_space, self.options.track, self.episode_dir,
+                                steps=self.steps, last_action=last_action, setup_error=self.setup_error)  # fmt: skip
+        target = await finish(session, self.task, episode, self.mirror,
+                              needs_accessibility_tree=self._needs_tree(),
+                              snapshot_dir=self.episode_dir / "final-snapshot")  # fmt: skip
+        if episode.crashed:  # the home could not be copied: grade an empty one, and say why
+            target.mkdir(parents=True, exist_ok=True)
+            self.findings.append(
+                Finding(check="desktop", severity="block", message=episode.crashed[:2000])
+            )
+        return await asyncio.to_thread(
+            self._pack, target, self._episode_json(last_action, episode.accessibility_xml, episode)
+        )
 
     async def submit(self) -> str:
         session = await self._desktop()
@@ -453,13 +507,16 @@ class DesktopAgent:
             Submission(data, name=f"state-step-{self.steps}.tar", media_type=EPISODE_MEDIA_TYPE)
         )
 
-    async def end(self, last_action: str) -> str:
+    async def end(self, last_action: str | None) -> str:
+        """Ends the episode with DONE or FAIL (None: an action past its time limit ended it)."""
         session = await self._desktop()
         self.ended = True
-        await asyncio.to_thread(self._log, {"action": last_action})
+        if last_action is not None:
+            await asyncio.to_thread(self._log, {"action": last_action})
         data = await self._finish(session, last_action)
+        name = f"final-{last_action.lower()}.tar" if last_action else "final-time-limit.tar"
         receipt = await self.hooks.submit(
-            Submission(data, name=f"final-{last_action.lower()}.tar", media_type=EPISODE_MEDIA_TYPE)
+            Submission(data, name=name, media_type=EPISODE_MEDIA_TYPE)
         )
         await self.close()
         return f"episode ended with {last_action}; {receipt}"

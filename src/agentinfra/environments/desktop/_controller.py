@@ -6,9 +6,14 @@ pyatspi, plus mss and pyautogui in ``.venv/desktop``). It starts the X server
 openbox, then serves one JSON request per line on stdin with one JSON reply per
 line on stdout, until stdin closes. It reaps orphans, as a pid 1 must.
 
-Everything here runs with the agent's privileges: on the ``code`` track the
-agent's own code runs in this process. The host therefore trusts nothing it
-says beyond "this is what the desktop showed"; grading never reads it.
+Everything here runs with the agent's privileges. Action code (the agent's own
+on the ``code`` track) runs in a child forked per action (`Controller.run_code`)
+with its own X connection, reaped before the reply, and killed past the action's
+time limit: nothing the agent starts lives in this process, which the freeze
+thaws for postconfig. This process is not dumpable (``PR_SET_DUMPABLE`` 0), so
+the agent's processes, though of the same uid, cannot ptrace it or read its
+memory. The host still trusts nothing it says beyond "this is what the desktop
+showed"; grading never reads it.
 
 It imports nothing of agentinfra (it is copied into the jail on its own).
 """
@@ -17,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import io
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -49,6 +56,8 @@ class Controller:
         self.height = 1080
         self.pyautogui: Any = None
         self.namespace: dict[str, Any] = {}
+        self.private_fds: list[int] = []
+        """The request pipe and the reply pipe: an action's child never keeps them."""
 
     # -- session ---------------------------------------------------------------
     def start(self, width: int, height: int) -> dict[str, Any]:
@@ -172,12 +181,62 @@ class Controller:
         return {"returncode": done.returncode}
 
     # -- actions ---------------------------------------------------------------
-    def run_code(self, code: str) -> dict[str, Any]:
+    def run_code(self, code: str, time_limit: float) -> dict[str, Any]:
+        """Runs ``code`` in a forked child and reaps it; past ``time_limit`` seconds it is killed.
+
+        The child gets its own X connection (the inherited one's request sequence
+        belongs to this process; its socket becomes /dev/null in the child), no
+        request or reply pipe, and ends with ``os._exit``: any thread it started
+        ends with it; processes it started are orphans of this pid 1, never part
+        of it.
+        """
+        errors_read, errors_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            status = 0
+            try:
+                os.close(errors_read)
+                namespace = self._child()
+                try:
+                    exec(compile(code, "<action>", "exec"), namespace)
+                except BaseException as exc:  # SystemExit too: the action's error, not ours
+                    os.write(errors_write, f"{type(exc).__name__}: {exc}".encode()[:4000])
+            except BaseException:
+                status = 70
+            finally:
+                os._exit(status)
+        os.close(errors_write)
         try:
-            exec(compile(code, "<action>", "exec"), dict(self.namespace))
-        except Exception as exc:
-            return {"error": f"{type(exc).__name__}: {exc}"}
-        return {}
+            ended = _wait_child(pid, time_limit)
+            if not ended:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"error": f"the action ran past its time limit of {time_limit:g} s and was stopped",
+                        "time_limit": True}  # fmt: skip
+            os.set_blocking(errors_read, False)
+            try:
+                error = os.read(errors_read, 4000).decode(errors="replace")
+            except BlockingIOError:  # a process the action started holds the pipe open
+                error = ""
+        finally:
+            os.close(errors_read)
+        return {"error": error} if error else {}
+
+    def _child(self) -> dict[str, Any]:
+        """In an action's child: private pipes closed, a fresh X connection; the namespace to run in."""
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _set_dumpable(True)  # the agent's own process, as any it starts would be
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in self.private_fds:
+            os.dup2(null, fd)
+        from pyautogui import _pyautogui_x11 as x11
+        from Xlib.display import Display
+
+        os.dup2(null, x11._display.fileno())  # the parent's connection: unusable here
+        x11._display = Display(DISPLAY)
+        os.close(null)
+        return dict(self.namespace)
 
     def pointer(self) -> tuple[int, int]:
         x, y = self.pyautogui.position()
@@ -248,6 +307,34 @@ class Controller:
             if app is not None:
                 walk(app, root, 0)
         return {"xml": ElementTree.tostring(root, encoding="unicode"), "nodes": count[0]}
+
+
+def _wait_child(pid: int, timeout: float) -> bool:
+    """Waits up to ``timeout`` seconds for child ``pid`` to end and reaps it; False if it did not end."""
+    try:
+        handle = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfd: poll
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+            time.sleep(0.005)
+        return False
+    try:
+        ready, _, _ = select.select([handle], [], [], timeout)
+    finally:
+        os.close(handle)
+    if not ready:
+        return False
+    os.waitpid(pid, 0)
+    return True
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    """``prctl(PR_SET_DUMPABLE)``: a non-dumpable process cannot be ptraced by its uid's other processes."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, int(dumpable), 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 4
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE)")
 
 
 def _fix_keymap() -> None:
@@ -348,6 +435,7 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
 
 
 def main() -> None:
+    _set_dumpable(False)
     controller = Controller()
     signal.signal(signal.SIGCHLD, lambda *_: None)
     handlers: dict[str, Any] = {
@@ -363,7 +451,7 @@ def main() -> None:
         "window": lambda r: controller.window(
             r["action"], r["name"], bool(r.get("strict")), bool(r.get("by_class"))
         ),
-        "code": lambda r: controller.run_code(r["code"]),
+        "code": lambda r: controller.run_code(r["code"], float(r.get("time_limit", 120))),
         "pointer": lambda r: {"pointer": list(controller.pointer())},
         "screenshot": lambda r: controller.screenshot(),
         "accessibility": lambda r: controller.accessibility(
@@ -374,6 +462,7 @@ def main() -> None:
     # there) goes to stderr instead of corrupting the protocol.
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    controller.private_fds = [0, out.fileno()]
     for line in sys.stdin:
         controller.reap()
         request = json.loads(line)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import json
+import os
 import tarfile
 import tempfile
 import time
@@ -289,10 +291,15 @@ def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -
             raise TaskEnvironmentError(f"desktop episode archive is unreadable: {exc}") from exc
         home = root / "home"
         home.mkdir(exist_ok=True)
+        manifest = info.get("snapshot_manifest") or {}
+        _restore_links(home, manifest.get("symlinks") or {})
         episode = EpisodeResult(task.id, str(info.get("action_space")), str(info.get("track")), root,
                                 snapshot=home, steps=int(info.get("steps", 0)), last_action=info.get("last_action"),
                                 refused=[str(r) for r in info.get("refused", [])][:50],
-                                accessibility_xml=info.get("accessibility_xml"))  # fmt: skip
+                                accessibility_xml=info.get("accessibility_xml"),
+                                findings=[Finding.model_validate(f) for f in info.get("findings") or []][:50],
+                                setup_error=info.get("setup_error"), facts=info.get("facts") or {},
+                                snapshot_manifest=manifest)  # fmt: skip
         verdict = grade_episode(task, episode, mirror, provenance={"agentinfra_version": __version__,
                                                                    "sandbox": "namespaces+uid"})  # fmt: skip
         attempts = [str(a) for a in info.get("bypass_attempts", [])]
@@ -316,6 +323,24 @@ def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -
             ))  # fmt: skip
         verdict.details["final"] = info.get("last_action") is not None
         return verdict
+
+
+def _restore_links(home: Path, links: dict[str, Any]) -> None:
+    """Makes the snapshot's symbolic links again in an unpacked home (the archive carries them in its
+    manifest): targets verbatim, never followed; a link whose folder is missing or is itself a link
+    is skipped (the manifest came with the archive and is checked like it)."""
+    for relative, target in list(links.items())[:100_000]:
+        parts = str(relative).split("/")
+        if not isinstance(target, str) or any(p in ("", ".", "..") for p in parts):
+            continue
+        folder = home
+        for part in parts[:-1]:
+            folder = folder / part
+            if folder.is_symlink() or not folder.is_dir():
+                break
+        else:
+            with contextlib.suppress(OSError):
+                os.symlink(target, folder / parts[-1])
 
 
 def evaluation_of(verdict: DesktopVerdict) -> Evaluation:

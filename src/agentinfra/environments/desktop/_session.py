@@ -13,14 +13,23 @@ are size-capped and treated as untrusted.
 `close` kills the jail (every process of the pid namespace dies with its pid 1),
 sweeps the uid, and releases it; `snapshot_home` copies the home after that,
 when nothing of the episode can still write to it.
+
+The freeze (`freeze`, `record_setup`, `kill_after_setup`, `thaw_setup`) works on
+the desktop's processes as the host sees them: every process whose real,
+effective, saved or filesystem uid is the desktop's, read from host ``/proc``
+(``status``, not the owner of ``/proc/PID``, which a process can make root's with
+``PR_SET_DUMPABLE``), identified by pid and start time so a recycled pid is
+never taken for a setup process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,7 +56,15 @@ from agentinfra.sandbox import (
     reserve_uid,
 )
 
-__all__ = ["DESKTOP_PACKAGES", "DesktopConfig", "DesktopSession", "desktop_python"]
+__all__ = [
+    "DESKTOP_PACKAGES",
+    "DesktopConfig",
+    "DesktopSession",
+    "ProcessInfo",
+    "desktop_python",
+    "remove_tree",
+    "uid_processes",
+]
 
 HOME = "/home/user"
 _CONTROLLER = Path(__file__).resolve().parent / "_controller.py"
@@ -116,8 +133,16 @@ class DesktopConfig:
     cpu_limit_s: int = 24 * 3600
     tmp_bytes: int = 512 << 20
     request_timeout_s: float = 60.0
+    action_time_limit_s: float = 120.0
+    """The longest one action's code may run; past it the action is stopped and the episode ends
+    (an ``action_time_limit`` finding), graded as it stands."""
 
     def __post_init__(self) -> None:
+        if not 0 < self.action_time_limit_s <= 3600:
+            raise TaskEnvironmentError(
+                f"action time limit {self.action_time_limit_s} s is outside (0, 3600]; "
+                "set DesktopConfig.action_time_limit_s"
+            )
         for name, low, high in (("width", 320, 7680), ("height", 240, 4320)):
             value = getattr(self, name)
             if not low <= value <= high:
@@ -175,6 +200,7 @@ class DesktopSession:
         self.started_s = 0.0
         self.last_screenshot_s = 0.0
         self.closed = False
+        self.setup_set: dict[tuple[int, int], str | None] = {}
 
     async def __aenter__(self) -> DesktopSession:
         return self
@@ -380,7 +406,80 @@ class DesktopSession:
             self._lock = -1
 
     def remove(self) -> None:
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        remove_tree(self.workspace)
+
+    # -- the freeze ----------------------------------------------------------------
+    def processes(self) -> list[ProcessInfo]:
+        """The desktop's processes now, read from host ``/proc`` (empty before `start`)."""
+        return uid_processes(self.uid) if self.uid >= 0 else []
+
+    def record_setup(self) -> None:
+        r"""Remembers the processes alive now (end of setup) as the setup set: the only ones ever thawed,
+        with the program each runs (a setup process that later ``exec``\ s another is not thawed)."""
+        self.setup_set = {p.key: _exe(p.pid) for p in self.processes()}
+
+    def freeze(self, *, passes: int = 50) -> list[ProcessInfo] | None:
+        """SIGSTOPs every process of the desktop, again until a pass finds none new; returns them.
+
+        A stopped process cannot fork, so each pass can only find children made
+        before their parent stopped. None when ``passes`` passes were not enough (a
+        process that forks and exits faster than the scan); the caller kills the jail.
+        """
+        stopped: dict[tuple[int, int], ProcessInfo] = {}
+        for _ in range(passes):
+            new = [p for p in self.processes() if p.key not in stopped]
+            if not new:
+                _wait_stopped(list(stopped), _STOP_WAIT_S)
+                return sorted(stopped.values(), key=lambda p: p.pid)
+            for process in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGSTOP)
+                stopped[process.key] = process
+        return None
+
+    def kill_after_setup(self) -> int:
+        """SIGKILLs every (frozen) process not in the setup set; returns how many."""
+        killed = 0
+        for process in self.processes():
+            if process.key not in self.setup_set:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                killed += 1
+        return killed
+
+    def thaw_all(self) -> None:
+        """SIGCONTs every process of the desktop (after a `freeze` for a submission mid-episode)."""
+        for process in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+
+    def thaw_setup(self) -> dict[str, list[int]]:
+        r"""SIGCONTs the setup set alone (everything else is dead: `kill_after_setup` ran first).
+
+        Not thawed: a setup process that now runs another program than at setup
+        (it ``exec``\ ed one: killed), and shells and interpreters other than the
+        controller (left stopped): the agent may have typed commands into a
+        terminal the setup opened, which its shell would read and run once thawed.
+        Returns the pids in each case.
+        """
+        done: dict[str, list[int]] = {"thawed": [], "left_stopped": [], "killed_changed": []}
+        for process in self.processes():
+            if process.key not in self.setup_set:
+                continue
+            exe = _exe(process.pid)
+            if exe != self.setup_set[process.key]:
+                sig, kind = signal.SIGKILL, "killed_changed"
+            elif _INTERPRETER.match(os.path.basename(exe or "")) and not _namespace_init(
+                process.pid
+            ):
+                done["left_stopped"].append(process.pid)
+                continue
+            else:
+                sig, kind = signal.SIGCONT, "thawed"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, sig)
+            done[kind].append(process.pid)
+        return done
 
 
 _STDERR_CAP_BYTES = 4 << 20
@@ -398,3 +497,169 @@ def _bound_stderr(path: Path) -> None:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """One process as the host's ``/proc`` shows it (``comm`` and ``cmdline`` are the process's own words)."""
+
+    pid: int
+    start: int
+    """Start time in clock ticks after boot (``/proc/PID/stat`` field 22): with the pid, its identity."""
+    comm: str
+    cmdline: list[str]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "comm": self.comm, "cmdline": self.cmdline}
+
+
+_INTERPRETER = re.compile(
+    r"^(ba|da|z|k|c|tc|fi|mk|yash|busybox|r)?sh$|^(python|perl|ruby|node|nodejs|lua|tclsh|wish|php|guile)[0-9.]*$"
+)
+"""Programs that run what they read: a setup-set one is not thawed for postconfig."""
+
+
+def _namespace_init(pid: int) -> bool:
+    """Whether ``pid`` is its pid namespace's pid 1 (the jail's: the controller)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            status = handle.read(4096)
+    except OSError:
+        return False
+    line = next((x for x in status.split(b"\n") if x.startswith(b"NSpid:")), b"")
+    return line.split()[-1:] == [b"1"]
+
+
+def _exe(pid: int) -> str | None:
+    """The program ``pid`` runs (``/proc/PID/exe``, read by the host), None when it cannot be read."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+_STOP_WAIT_S = 2.0
+"""How long the freeze waits for SIGSTOP to take effect (a process mid-system-call stops on its way out)."""
+
+
+def _wait_stopped(keys: list[tuple[int, int]], timeout: float) -> bool:
+    """Waits until every process in ``keys`` is stopped, dead or gone; False if ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    waiting = list(keys)
+    while waiting:
+        still = []
+        for pid, start in waiting:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as handle:
+                    fields = handle.read(4096).rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if int(fields[19]) == start and fields[0] not in (b"T", b"t", b"Z", b"X"):
+                still.append((pid, start))
+        waiting = still
+        if waiting:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+    return True
+
+
+def uid_processes(uid: int) -> list[ProcessInfo]:
+    """Every live process any of whose uids (real, effective, saved, filesystem) is ``uid``.
+
+    Read by the host from its own ``/proc``: nothing the process says about itself
+    decides whether it is listed. Zombies are listed (they hold no memory but a pid).
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as handle:
+                status = handle.read(4096)
+            uids = next(line for line in status.split(b"\n") if line.startswith(b"Uid:"))
+            if str(uid).encode() not in uids.split()[1:]:
+                continue
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read(4096)
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read(8192)
+        except (OSError, StopIteration):
+            continue  # gone meanwhile
+        close = stat.rfind(b")")
+        comm = stat[stat.find(b"(") + 1 : close].decode(errors="replace")
+        fields = stat[close + 2 :].split()
+        start = int(fields[19])  # field 22 of the line; fields here start at field 3
+        arguments = [a.decode(errors="replace")[:1000] for a in cmdline.split(b"\0")[:64] if a]
+        found.append(ProcessInfo(int(entry), start, comm, arguments))
+    return found
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def remove_tree(path: Path) -> None:
+    """Removes ``path`` and everything under it, without recursion: a chain of any depth is fine.
+
+    One directory fd at a time (down by name, up through ``..``), so paths past
+    ``PATH_MAX`` are fine too; no link is followed. Entries that cannot be removed
+    are left, as ``shutil.rmtree(ignore_errors=True)`` leaves them.
+    """
+    try:
+        fd = os.open(path, _DIRECTORY)
+    except NotADirectoryError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    except OSError:
+        return
+    # One frame per folder entered: its name in its parent and its subfolders still to remove.
+    frames: list[tuple[str, list[str]]] = [("", _clear_files(fd))]
+    try:
+        while frames:
+            _, pending = frames[-1]
+            if pending:
+                name = pending.pop()
+                try:
+                    inner = os.open(name, _DIRECTORY, dir_fd=fd)
+                except OSError:
+                    continue
+                os.close(fd)
+                fd = inner
+                frames.append((name, _clear_files(fd)))
+                continue
+            name, _ = frames.pop()
+            if not frames:
+                break
+            parent = os.open("..", _DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
+
+
+def _clear_files(fd: int) -> list[str]:
+    """Unlinks everything but folders in the open folder ``fd``; returns the folders' names."""
+    folders = []
+    try:
+        with os.scandir(fd) as scan:
+            entries = list(scan)
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                folders.append(entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+        except OSError:
+            continue
+    return folders
