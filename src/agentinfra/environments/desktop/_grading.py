@@ -78,9 +78,17 @@ Covered:
 
 Not covered:
 
-* The ``accessibility_tree`` getter reads the live desktop (before the freeze),
-  through the controller the agent shares a uid with; on the ``code`` track the
-  agent could forge it. Findings say so when a task uses it.
+* The ``accessibility_tree`` getter reads the live desktop (after the freeze,
+  with the setup's applications alone thawed), through the controller; on the
+  ``code`` track the agent could have changed what those applications report.
+  Findings say so when a task uses it.
+* The setup's applications run again during live postconfig steps: on the
+  ``code`` track the agent may have taken one over (ptrace: this host has no
+  Yama, so any dumpable process of the uid can be traced; the controller is
+  non-dumpable) or configured it (a LibreOffice macro on save).
+* A mid-episode ``submit`` stops every process while it copies the home, but an
+  io_uring write the agent queued before may still land during the copy (the
+  end of an episode is safe: the jail is killed before the copy).
 * What a check executes is still the agent's world: a ``bash ~/eval.sh`` whose
   script the agent wrote (and no postconfig replaces) answers what the agent
   likes. The probe keeps it from the gold and the grader, not from its own home;
