@@ -1,0 +1,199 @@
+"""Desktop rollouts: every one ends in one trusted verdict, and a real model's tokens are the engine's.
+
+The scripted model (`ScriptedModelServer`, real HTTP) and the real desktop, loop and grader:
+a model that only writes prose, and one that does the task's solution but never calls
+done, each get their episode frozen and graded as it stands when the agent stops; a
+cancelled rollout is not graded, and its desktop is killed and its home removed.
+
+With real vLLM serving SmolLM2-135M-Instruct behind the recording proxy of
+``test_rollout_tokens``, ``agentinfra rollouts run --env desktop`` with the
+accessibility-table observation gives trajectories whose every call carries the engine's
+ids, whose segments and masks are right by construction, and which each end in one
+final verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from services import sandboxed_processes
+from test_rollout_tokens import RecordingProxy, check_segments_by_construction, vllm
+
+from agentinfra._settings import load_settings
+from agentinfra.agent import EndpointLimiter, ScriptedModelServer
+from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
+from agentinfra.rollouts import GroupRequest, new_group, run_rollout
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "examples" / "desktop" / "tasks"
+MODEL = "scripted-desktop"
+ENV = {**os.environ, "OPENAI_API_KEY": "test-key", "PYTHONUNBUFFERED": "1"}
+REAL_TASKS = ("os-mkdir", "os-write-file")
+"""The real-model episodes (G=2 each): terminal tasks, whose setup is quick."""
+
+pytestmark = pytest.mark.slow
+__all__ = ["vllm"]  # the module-scoped vLLM fixture, shared with test_rollout_tokens
+
+
+@pytest.fixture(autouse=True)
+def no_desktop_outlives_its_rollout() -> Iterator[None]:
+    before = sandboxed_processes()
+    yield
+    deadline = time.monotonic() + 10
+    left = sandboxed_processes() - before
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = sandboxed_processes() - before
+    assert left == set()
+
+
+def final_verdicts(runs: Path, run_id: str) -> list[dict[str, Any]]:
+    """The verdicts of run ``run_id``'s final submissions (the episode's end), from its evaluations."""
+    (run,) = [p for p in runs.rglob(run_id) if (p / "run.json").is_file()]
+    verdicts = [json.loads(p.read_text()) for p in sorted((run / "evaluations").rglob("*.json"))]
+    return [v for v in verdicts if v.get("details", {}).get("final")]
+
+
+def rollouts_run(
+    base_url: str, model: str, out: Path, tasks: list[str], *extra: str
+) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "agentinfra", "rollouts", "run", "--env", "desktop",
+         *[a for t in tasks for a in ("--tasks", str(TASKS / f"{t}.json"))], "--model", model,
+         "--base-url", base_url, "--runs-dir", str(out.parent / "runs"), "--out", str(out), *extra],
+        capture_output=True, text=True, timeout=900, cwd=ROOT, env=ENV, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_a_model_that_never_ends_the_episode_gets_one_verdict(tmp_path: Path) -> None:
+    """Prose only: the untouched desktop is graded (0). The solution without done: graded (1)."""
+    mkdir = load_desktop_task(TASKS / "os-mkdir.json")
+    assert mkdir.solution() is not None
+    moves = solution_moves(mkdir.solution())
+    assert moves[-1].tool == "done"
+    policy = DesktopPolicy({mkdir.instruction: moves[:-1]})  # os-write-file: no plan, prose only
+    with ScriptedModelServer(policy, models=[MODEL]) as server:
+        trajectories = rollouts_run(
+            server.base_url, MODEL, tmp_path / "out.jsonl", ["os-mkdir", "os-write-file"],
+            "--group-size", "1", "--max-turns", "10", "--env-option", "action_space=computer_13",
+            "--env-option", "observation=a11y",
+        )  # fmt: skip
+    by_task = {t["task"]: t for t in trajectories}
+    assert sorted(by_task) == ["os-mkdir.json", "os-write-file.json"]
+    for task, score in (("os-mkdir.json", 1.0), ("os-write-file.json", 0.0)):
+        trajectory = by_task[task]
+        assert trajectory["infra_failure"] is None, trajectory["infra_failure"]
+        (final,) = final_verdicts(tmp_path / "runs", trajectory["run_id"])
+        assert final["score"] == score, (task, final)
+        assert final["outcome"] == ("passed" if score else "failed")
+        assert final["details"]["last_action"] is None
+        assert "episode_not_ended" in [f["check"] for f in final["findings"]]
+        assert trajectory["reward"] == score
+        assert [r["score"] for r in trajectory["turn_rewards"]] == [score]
+    assert by_task["os-write-file.json"]["stop_reason"] == "no_action"
+    assert policy.violations == []
+
+
+def test_a_cancelled_rollout_is_not_graded_and_its_desktop_is_gone(tmp_path: Path) -> None:
+    mkdir = load_desktop_task(TASKS / "os-mkdir.json")
+    assert mkdir.solution() is not None
+    policy = DesktopPolicy({mkdir.instruction: solution_moves(mkdir.solution())[:1]})
+
+    async def cancel_once_acting(base_url: str) -> dict[str, Any]:
+        request = GroupRequest(environment="desktop", task=str(TASKS / "os-mkdir.json"), group_size=1,
+                               model=MODEL, base_url=base_url, max_turns=10,
+                               options={"action_space": "computer_13", "observation": "a11y"})  # fmt: skip
+        group = new_group(request)
+        (rollout_id,) = group.rollout_ids
+        task = asyncio.create_task(run_rollout(
+            tmp_path / "runs", group, rollout_id, settings=load_settings(), api_key="test-key",
+            limiter=EndpointLimiter(), cancel_reason=lambda: "stale policy",
+        ))  # fmt: skip
+        actions = (
+            tmp_path / "runs" / rollout_id / "agent" / "workspace" / "episode" / "actions.jsonl"
+        )
+        deadline = time.monotonic() + 120
+        while len(_lines(actions)) < 2 and time.monotonic() < deadline:  # setup, then one action
+            await asyncio.sleep(0.1)
+        assert len(_lines(actions)) >= 2, "the rollout never acted"
+        assert _desktop_workspaces() - before
+        task.cancel()
+        return await task
+
+    before = _desktop_workspaces()
+    with ScriptedModelServer(policy, models=[MODEL]) as server:
+        trajectory = asyncio.run(cancel_once_acting(server.base_url))
+    assert trajectory["infra_failure"] == {"kind": "cancelled", "message": "stale policy"}
+    assert final_verdicts(tmp_path / "runs", trajectory["run_id"]) == []
+    assert _desktop_workspaces() - before == set()  # the desktop's home was removed
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def _desktop_workspaces() -> set[str]:
+    """The desktops' workspaces (``agentinfra-desktop-*`` in the temporary directory) now."""
+    import tempfile
+
+    return {p.name for p in Path(tempfile.gettempdir()).glob("agentinfra-desktop-*")}
+
+
+def match_engine_calls(trajectories: list[dict[str, Any]], engine: list[dict[str, Any]]) -> int:
+    """Pairs every recorded call of ``trajectories`` (the G rollouts of one task, whose prompts the
+    proxy cannot tell apart) with one engine response that has exactly its ids, logprobs and finish,
+    each response used once and none left over; returns the number of calls."""
+    left = list(engine)
+    for trajectory in trajectories:
+        assert trajectory["tokens"] == "exact"
+        for call in trajectory["calls"]:
+            same = [e for e in left if (e["prompt_ids"], e["completion_ids"], e["logprobs"], e["finish_reason"])
+                    == (call["prompt_ids"], call["completion_ids"], call["completion_logprobs"],
+                        call["finish_reason"])]  # fmt: skip
+            assert same, (
+                f"call {call['turn']} of {trajectory['run_id']} is not what the engine returned"
+            )
+            left.remove(same[0])
+            assert same[0]["request"]["return_token_ids"] is True
+        check_segments_by_construction(trajectory)
+    assert left == [], f"{len(left)} engine responses are in no trajectory"
+    return len(engine)
+
+
+@pytest.mark.vllm
+def test_real_model_desktop_rollouts_are_token_exact(vllm: str, tmp_path: Path) -> None:
+    from agentinfra.engines import SMOLLM2_NAME
+
+    with RecordingProxy(vllm) as proxy:
+        trajectories = rollouts_run(
+            proxy.base_url, SMOLLM2_NAME, tmp_path / "out.jsonl", list(REAL_TASKS), "--group-size", "2",
+            "--max-turns", "3", "--nudges", "2", "--max-output-tokens", "48", "--context-tokens", "8192",
+            "--concurrency", "4", "--env-option", "observation=a11y", "--env-option", "a11y_tokens=1500",
+        )  # fmt: skip
+        assert len(trajectories) == 2 * len(REAL_TASKS)
+        calls = 0
+        for task in REAL_TASKS:
+            group = [t for t in trajectories if t["task"] == f"{task}.json"]
+            assert len(group) == 2
+            assert len({t["group_id"] for t in group}) == 1
+            calls += match_engine_calls(
+                group, proxy.engine_calls(group[0]["messages"][1]["content"])
+            )
+    for trajectory in trajectories:
+        assert trajectory["infra_failure"] is None, trajectory["infra_failure"]
+        (final,) = final_verdicts(tmp_path / "runs", trajectory["run_id"])
+        assert trajectory["reward"] == (final["score"] if final["outcome"] == "passed" else 0.0)
+    print(f"desktop token exactness: {len(trajectories)} rollouts, {calls} calls equal to the engine's; "
+          f"segments per rollout {[len(t['segments']) for t in trajectories]}")  # fmt: skip
