@@ -19,14 +19,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from services import sandboxed_processes
-from test_rollout_tokens import RecordingProxy, check_segments_by_construction, vllm
+from test_rollout_tokens import RecordingProxy, _forward, check_segments_by_construction, vllm
 
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, ScriptedModelServer
@@ -197,3 +199,123 @@ def test_real_model_desktop_rollouts_are_token_exact(vllm: str, tmp_path: Path) 
         assert trajectory["reward"] == (final["score"] if final["outcome"] == "passed" else 0.0)
     print(f"desktop token exactness: {len(trajectories)} rollouts, {calls} calls equal to the engine's; "
           f"segments per rollout {[len(t['segments']) for t in trajectories]}")  # fmt: skip
+
+
+class ForcingProxy:
+    """A loopback HTTP/1.1 proxy that constrains every chat completion (vLLM's structured outputs,
+    a one-string ``choice``) to the Hermes text of one ``computer`` call with the screenshot action,
+    so that a random-weight model still acts and its context gets screenshots. The engine still
+    samples every token (under the constraint) and its tool parser still reads the call: the
+    ids are the engine's."""
+
+    CALL = '<tool_call>\n{"name": "computer", "arguments": {"action": "screenshot"}}\n</tool_call>'
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.forced = 0
+        self._server: asyncio.Server | None = None
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.port = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+        self._ready.wait(10)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def _rewrite(self, body: bytes) -> bytes:
+        request = json.loads(body)
+        if "tools" not in request:  # the token probe
+            return body
+        request["structured_outputs"] = {"choice": [self.CALL]}
+        self.forced += 1
+        return json.dumps(request).encode()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+                method, path, _ = head[0].split(" ", 2)
+                headers = {k.lower(): v for k, _, v in (h.partition(": ") for h in head[1:] if h)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                if path.endswith("/chat/completions"):
+                    body = self._rewrite(body)
+                request = urllib.request.Request(self.upstream + path.removeprefix("/v1"), data=body or None,
+                                                 headers={"content-type": "application/json"}, method=method)  # fmt: skip
+                status, kind, content = await asyncio.to_thread(_forward, request)
+                writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {len(content)}"
+                             "\r\n\r\n".encode() + content)  # fmt: skip
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A random-weight LLaVA built offline (`scripts/build_tiny_vlm.py`), served by vLLM."""
+    from agentinfra.engines import VllmServer, smollm2_dir, vllm_python
+
+    tokenizer = smollm2_dir(check=False)
+    if not tokenizer.is_dir():
+        pytest.skip(f"{tokenizer} missing: run `make smollm2` (its tokenizer is the VLM's)")
+    folder = tmp_path_factory.mktemp("vlm")
+    built = subprocess.run([str(vllm_python()), str(ROOT / "scripts/build_tiny_vlm.py"), str(folder / "model"),
+                            "--tokenizer-from", str(tokenizer)], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=False)  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    model = folder / "model"
+    info = json.loads((model / "agentinfra-model.json").read_text())
+    extra = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template",
+             str(model / "chat_template.jinja"), "--limit-mm-per-prompt", '{"image": 8}')  # fmt: skip
+    with VllmServer(model, log=folder / "vllm.log", served_name="tiny-vlm", tools=None, extra_args=extra,
+                    max_num_batched_tokens=8192) as server:  # fmt: skip
+        yield server.base_url, info
+
+
+@pytest.mark.vllm
+def test_a_screenshot_episode_through_a_random_weight_vlm(
+    tiny_vlm: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    base_url, info = tiny_vlm
+    image_id = info["image_token_id"]
+    with RecordingProxy(base_url) as recording:
+        forcing = ForcingProxy(recording.base_url)
+        (trajectory,) = rollouts_run(
+            forcing.base_url, "tiny-vlm", tmp_path / "out.jsonl", ["os-mkdir"], "--group-size", "1",
+            "--max-turns", "3", "--max-output-tokens", "64", "--context-tokens", "8192", "--tokens",
+            "--env-option", "observation=screenshot", "--env-option", "screenshot_width=320",
+        )  # fmt: skip
+        engine = recording.engine_calls(trajectory["messages"][1]["content"])
+    assert trajectory["infra_failure"] is None, trajectory["infra_failure"]
+    assert forcing.forced == len(trajectory["calls"]) == 3
+    assert match_engine_calls([trajectory], engine) == 3
+    sent_images = [sum(1 for m in c["request"]["messages"] if isinstance(m.get("content"), list)
+                       for p in m["content"] if p.get("type") == "image_url") for c in engine]  # fmt: skip
+    assert sent_images == [0, 1, 2]  # a screenshot after each forced action
+    for call, images in zip(trajectory["calls"], sent_images, strict=True):
+        assert call["prompt_ids"].count(image_id) == images * info["image_tokens_per_image"]
+        assert image_id not in call["completion_ids"]
+    placeholders = 0
+    for segment in trajectory["segments"]:
+        at = [i for i, token in enumerate(segment["token_ids"]) if token == image_id]
+        assert all(segment["loss_mask"][i] == 0 for i in at)
+        assert all(segment["logprobs"][i] is None for i in at)
+        placeholders += len(at)
+    assert placeholders >= 2 * info["image_tokens_per_image"]
+    (final,) = final_verdicts(tmp_path / "runs", trajectory["run_id"])
+    assert final["score"] == 0.0  # a screenshot makes no folder
+    print(
+        f"tiny VLM: {len(trajectory['calls'])} calls equal to the engine's, images {sent_images}, "
+        f"{placeholders} placeholder tokens in segments (mask 0), breaks "
+        f"{[s['break_reason'] for s in trajectory['segments'][1:]]}"
+    )
