@@ -33,6 +33,7 @@ from test_rollout_tokens import RecordingProxy, _forward, check_segments_by_cons
 from agentinfra._settings import load_settings
 from agentinfra.agent import EndpointLimiter, ScriptedModelServer
 from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments.desktop._agent import ActionLog
 from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
 from agentinfra.rollouts import GroupRequest, new_group, run_rollout
 
@@ -108,10 +109,30 @@ def test_a_model_that_never_ends_the_episode_gets_one_verdict(tmp_path: Path) ->
     assert policy.violations == []
 
 
-def test_a_cancelled_rollout_is_not_graded_and_its_desktop_is_gone(tmp_path: Path) -> None:
+def test_a_cancelled_rollout_is_not_graded_and_its_desktop_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentinfra.agent import Reply
+    from agentinfra.environments.desktop import _agent
+    from agentinfra.environments.desktop._session import DesktopSession, uid_processes
+
+    sessions: list[DesktopSession] = []
+    alive: set[tuple[int, int]] = set()
+
+    class Recorded(DesktopSession):  # this test's desktops, whatever else runs on the machine
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            sessions.append(self)
+
+    monkeypatch.setattr(_agent, "DesktopSession", Recorded)
     mkdir = load_desktop_task(TASKS / "os-mkdir.json")
     assert mkdir.solution() is not None
-    policy = DesktopPolicy({mkdir.instruction: solution_moves(mkdir.solution())[:1]})
+    policy = DesktopPolicy({mkdir.instruction: solution_moves(mkdir.solution())})
+
+    def one_action_then_slow(body: dict[str, Any]) -> Reply:
+        if any(m["role"] == "assistant" for m in body["messages"]):
+            return Reply(content="(cancelled before this arrives)", delay_s=60)
+        return policy(body)
 
     async def cancel_once_acting(base_url: str) -> dict[str, Any]:
         request = GroupRequest(environment="desktop", task=str(TASKS / "os-mkdir.json"), group_size=1,
@@ -124,33 +145,31 @@ def test_a_cancelled_rollout_is_not_graded_and_its_desktop_is_gone(tmp_path: Pat
             limiter=EndpointLimiter(), cancel_reason=lambda: "stale policy",
         ))  # fmt: skip
         actions = (
-            tmp_path / "runs" / rollout_id / "agent" / "workspace" / "episode" / "actions.jsonl"
+            tmp_path / "runs" / rollout_id / "agent" / "workspace" / "episode" / ActionLog.FILE
         )
         deadline = time.monotonic() + 120
-        while len(_lines(actions)) < 2 and time.monotonic() < deadline:  # setup, then one action
+        while len(_lines(actions)) < 2 and time.monotonic() < deadline:  # setup, then the action
             await asyncio.sleep(0.1)
         assert len(_lines(actions)) >= 2, "the rollout never acted"
-        assert _desktop_workspaces() - before
+        (session,) = sessions
+        await asyncio.sleep(1)
+        alive.update(p.key for p in uid_processes(session.uid))
+        assert alive  # the desktop runs while the model thinks
         task.cancel()
         return await task
 
-    before = _desktop_workspaces()
-    with ScriptedModelServer(policy, models=[MODEL]) as server:
+    with ScriptedModelServer(one_action_then_slow, models=[MODEL]) as server:
         trajectory = asyncio.run(cancel_once_acting(server.base_url))
     assert trajectory["infra_failure"] == {"kind": "cancelled", "message": "stale policy"}
-    assert final_verdicts(tmp_path / "runs", trajectory["run_id"]) == []
-    assert _desktop_workspaces() - before == set()  # the desktop's home was removed
+    assert final_verdicts(tmp_path / "runs", trajectory["run_id"]) == []  # not graded
+    (session,) = sessions
+    assert session.closed
+    assert [p for p in uid_processes(session.uid) if p.key in alive] == []  # the desktop was killed
+    assert not session.workspace.exists()  # and its home removed
 
 
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
-
-
-def _desktop_workspaces() -> set[str]:
-    """The desktops' workspaces (``agentinfra-desktop-*`` in the temporary directory) now."""
-    import tempfile
-
-    return {p.name for p in Path(tempfile.gettempdir()).glob("agentinfra-desktop-*")}
 
 
 def match_engine_calls(trajectories: list[dict[str, Any]], engine: list[dict[str, Any]]) -> int:
