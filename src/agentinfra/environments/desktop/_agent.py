@@ -20,7 +20,9 @@ downscaled to ``screenshot_width`` (``image_url`` parts on the wire).
   thawed only for live postconfig steps, the desktop killed, the home
   snapshotted and submitted as the final submission (FAIL recorded as the last
   action, so it scores 1 only on an infeasible task). An action past its time
-  limit ends the episode the same way, graded as it stands.
+  limit ends the episode the same way, graded as it stands; so does an agent that
+  stops without done or fail (`DesktopAgent.close`: prose replies, a budget
+  reached), unless its run is cancelled. Every run ends in one final verdict.
 
 Every action is journalled in ``<workspace>/episode/actions.jsonl`` (`ActionLog`,
 a `Journal`: fsync'd, a torn last line dropped) once it has run, with a hash of
@@ -160,6 +162,12 @@ def read_actions(episode_dir: Path) -> list[dict[str, Any]]:
     return [ActionLog.entry(event) for event in ActionLog.read(path)]
 
 
+def _is_cancelling() -> bool:
+    """Whether the running task is being cancelled (a cancelled rollout: its episode is not graded)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def executed_actions(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The journal's actions that reached the desktop (not refused ones, setup, DONE or FAIL)."""
     return [e for e in entries if "code" in e or "wait_s" in e]
@@ -292,16 +300,51 @@ class DesktopAgent:
         return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
 
     async def close(self) -> None:
+        """The agent has stopped: end the episode if it did not, then kill the desktop and remove its home.
+
+        Called by the harness while the run's harness still grades. An agent that
+        stopped without done or fail (prose replies, reminders spent, a budget
+        reached) has its episode ended here the way ``done`` ends it, freeze first,
+        and its state submitted graded as it stands (no last action): every run has
+        one final verdict. A cancelled run (the calling task is being cancelled) is
+        not graded; its desktop is killed all the same.
+        """
+        try:
+            if not self.ended and not _is_cancelling():
+                await self._end_unfinished()
+        finally:
+            await asyncio.shield(self._release())
+
+    async def _end_unfinished(self) -> None:
+        """Freezes, snapshots and submits an episode the agent left without done or fail."""
+        started = self.session is not None
+        self.findings.append(Finding(check="episode_not_ended", severity="warn",
+                                     message="the agent stopped without calling done or fail; the final state "
+                                             "was frozen and graded as it stands"
+                                             + ("" if started else " (the agent never acted: the desktop was "
+                                                                   "started and set up for this)")))  # fmt: skip
+        session = await self._desktop()  # the agent never acted: the task's setup state is graded
+        self.ended = True
+        data = await self._finish(session, None)
+        await self.hooks.submit(
+            Submission(data, name="final-stopped.tar", media_type=EPISODE_MEDIA_TYPE)
+        )
+
+    async def _release(self) -> None:
+        """Kills the desktop, removes its workspace, frees its slot and closes the action log."""
         session, self.session = self.session, None
-        if session is not None:
-            await session.close()
-            session.remove()
-        if self._slot is not None:
-            self._slot.release()
-            self._slot = None
-        actions, self._actions = self._actions, None
-        if actions is not None:
-            actions.close()
+        try:
+            if session is not None:
+                await session.close()
+        finally:
+            if session is not None:
+                await asyncio.to_thread(session.remove)
+            if self._slot is not None:
+                self._slot.release()
+                self._slot = None
+            actions, self._actions = self._actions, None
+            if actions is not None:
+                actions.close()
 
     # -- observation -----------------------------------------------------------------
     async def _observe(
@@ -496,9 +539,11 @@ class DesktopAgent:
             self.findings.append(
                 Finding(check="desktop", severity="block", message=episode.crashed[:2000])
             )
-        return await asyncio.to_thread(
-            self._pack, target, self._episode_json(last_action, episode.accessibility_xml, episode)
-        )
+        info = {
+            **self._episode_json(last_action, episode.accessibility_xml, episode),
+            "final": True,
+        }
+        return await asyncio.to_thread(self._pack, target, info)
 
     async def submit(self) -> str:
         session = await self._desktop()

@@ -321,7 +321,7 @@ def grade_episode_archive(task: DesktopTask, data: bytes, mirror: Path | None) -
                 message="the task passed without any action reaching the desktop: it may pass by itself "
                         "(`agentinfra desktop audit` checks its do-nothing baseline)",
             ))  # fmt: skip
-        verdict.details["final"] = info.get("last_action") is not None
+        verdict.details["final"] = info.get("final") is True or info.get("last_action") is not None
         return verdict
 
 
