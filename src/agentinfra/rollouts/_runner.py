@@ -47,6 +47,7 @@ from agentinfra.harness import (
     run_agent,
     trajectory_of,
 )
+from agentinfra.rollouts._slots import GradingSlots, grading_cost
 from agentinfra.rollouts._spec import ROLLOUT_SCHEMA_VERSION, Group
 
 __all__ = [
@@ -63,16 +64,25 @@ logger = logging.getLogger(__name__)
 
 
 class SeededExecutor:
-    """Evaluates in this process, every request with the group's hidden ``seed``."""
+    """Evaluates in this process, every request with the group's hidden ``seed``, once ``slots`` has its cores.
+
+    The wait for cores lies between the run's ``grading_started`` and ``graded``, so a
+    trajectory's time split counts it as grading.
+    """
 
     where = "local"
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, slots: GradingSlots | None = None) -> None:
         self._seed = seed
+        self._slots = slots
         self._local = LocalExecutor()
 
     async def evaluate(self, request: EvaluationRequest) -> Evaluation:
-        return await self._local.evaluate(dataclasses.replace(request, seed=self._seed))
+        request = dataclasses.replace(request, seed=self._seed)
+        if self._slots is None:
+            return await self._local.evaluate(request)
+        async with self._slots.hold(grading_cost(request.settings)):
+            return await self._local.evaluate(request)
 
 
 def infra_failure_of(exc: BaseException) -> dict[str, str]:
@@ -197,10 +207,14 @@ async def run_rollout(
     api_key: str,
     limiter: EndpointLimiter,
     eval_workers: int = 1,
+    slots: GradingSlots | None = None,
     cancel_reason: Callable[[], str | None] = lambda: None,
     state: AgentRunState | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) one rollout to its end and returns its trajectory.
+
+    Its gradings take their cores from ``slots``, the pool every rollout of the process
+    shares (None: no bound, for a caller that runs one rollout).
 
     A cancel of the calling task with ``cancel_reason()`` set ends the run (its
     transcript is journalled per call) and returns the partial trajectory labelled
@@ -212,7 +226,7 @@ async def run_rollout(
     run: RunDirectory | None = None
     try:
         run = await asyncio.to_thread(open_rollout_run, root, group, rollout_id, settings)
-        executor = SeededExecutor(group.seed)
+        executor = SeededExecutor(group.seed, slots)
         await run_agent(
             run, api_key=api_key, limiter=limiter, eval_workers=eval_workers, state=state,
             executor=executor,
@@ -246,11 +260,18 @@ async def run_groups(
     concurrency: int,
     on_trajectory: Callable[[dict[str, Any]], None],
     eval_workers: int = 1,
+    grading_slots: int | None = None,
 ) -> int:
     """Runs every rollout of ``groups`` under ``root``, at most ``concurrency`` at once, in group order.
 
-    Each trajectory goes to ``on_trajectory`` as soon as its rollout ends; returns how many did.
+    Their gradings share one pool of ``grading_slots`` cores (`GradingSlots`; None: the
+    machine's CPUs). Each trajectory goes to ``on_trajectory`` as soon as its rollout ends;
+    returns how many did.
+
+    Raises:
+        ConfigError: ``grading_slots`` is below 1.
     """
+    slots = GradingSlots(grading_slots)
     gate = asyncio.Semaphore(concurrency)
     limiter = EndpointLimiter(max_in_flight=concurrency)
     done = 0
@@ -261,7 +282,7 @@ async def run_groups(
             try:
                 trajectory = await run_rollout(
                     root, group, rollout_id, settings=settings, api_key=api_key, limiter=limiter,
-                    eval_workers=eval_workers,
+                    eval_workers=eval_workers, slots=slots,
                 )  # fmt: skip
             except Exception as exc:  # agentinfra's own failure: still one labelled trajectory
                 logger.exception("rollout %s", rollout_id)
