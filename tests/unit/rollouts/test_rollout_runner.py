@@ -123,3 +123,50 @@ def test_a_desktop_that_died_under_the_episode_is_an_infra_failure(tmp_path: Pat
                                  ("error: bad arguments", True)])  # fmt: skip
     assert tool_failure_of(tmp_path / "c") is None  # the model's mistakes are not infra failures
     assert tool_failure_of(tmp_path / "none") is None
+
+
+def test_opening_a_rollouts_run_directory_imports_no_torch(tmp_path: Path) -> None:
+    """Importing torch for run.json's version string held the GIL ~1 s under the service's loop."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    problem = root / "examples" / "kernels" / "problems" / "10_slow_rowwise_softmax.py"
+    code = (
+        "import sys, pathlib\n"
+        "from agentinfra._settings import load_settings\n"
+        "from agentinfra.rollouts import GroupRequest, new_group\n"
+        "from agentinfra.rollouts._runner import open_rollout_run\n"
+        f"g = new_group(GroupRequest(environment='kernels', task={str(problem)!r}, group_size=1,\n"
+        "    model='m', base_url='http://127.0.0.1:1/v1'))\n"
+        f"run = open_rollout_run(pathlib.Path({str(tmp_path)!r}), g, g.rollout_ids[0], load_settings())\n"
+        "print(run.info.versions['torch'], 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    version, imported = out.stdout.split()
+    assert imported == "False"
+    assert version != "absent"  # still recorded, from the installed distribution
+
+
+def test_the_model_client_is_built_off_the_event_loop(monkeypatch: Any) -> None:
+    """Its TLS context reads the CA bundle: tens of ms that stalled every rollout of the loop."""
+    import threading
+
+    import agentinfra.harness._agent_run as agent_run
+
+    built_on: list[int] = []
+
+    class _Client:
+        def __init__(self, **kwargs: Any) -> None:
+            built_on.append(threading.get_ident())
+            self.kwargs = kwargs
+
+    monkeypatch.setattr(agent_run, "ModelClient", _Client)
+
+    async def main() -> Any:
+        return await agent_run.model_client_off_loop(model="m", base_url="u")
+
+    client = asyncio.run(main())
+    assert client.kwargs == {"model": "m", "base_url": "u"}
+    assert built_on
+    assert built_on[0] != threading.get_ident()
