@@ -1,8 +1,9 @@
 """The agent loop: model call, tool calls, repeat, within budgets, journalled for resume.
 
 One turn is one model call and the tool calls it asked for. Every model reply
-and every tool call (start and result) is journalled in the transcript before
-the loop moves on, so a crashed run resumes from its last completed turn:
+is journalled in the transcript before the loop acts on it, and every tool call
+(start and result) is journalled in order (see below for the two writes that overlap
+the work that follows them), so a crashed run resumes from its last completed turn:
 the model is never called again for a turn it already answered, and a tool call
 whose result is journalled is never run again. A call that started but has no
 result is run again on resume; every shipped tool is idempotent (files are
@@ -32,12 +33,14 @@ oldest whole turns are dropped. The system prompt and the task are always kept.
 Every journal write goes through `Journal.append_async`: the write and its fsync run
 in a bounded thread pool, so one agent's fsync does not stall the event loop that
 all agents of a process share. The loop waits for each write to be durable before it
-moves on, with one exception: the turn's last ``tool_result`` is written while the next
-model request is already on its way (each write takes a thread handoff and an fsync: ~7 ms
-with 8 agents on 2 busy cores). The next event waits for it (every event lands in order,
-and a failed write still ends the run), so a crash can lose only that result, whose call
-a resume runs again, exactly as if the crash had come before it was written; no model
-reply is ever acted on before it is durable.
+moves on, with two exceptions, each write being a thread handoff and an fsync (~7 ms with
+8 agents on 2 busy cores): a ``tool_started`` is written while its tool runs, and the
+turn's last ``tool_result`` while the next model request is on its way. The next awaited
+event waits for them (every event lands in order, and a failed write still ends the run).
+A resume runs again every call of the last reply that has no journalled result, whether
+or not its start was journalled, so a crash loses nothing a resume needs; no model reply
+is ever acted on before it is durable. A ``tool_result`` carries ``tool_s``, the tool's
+own time, measured around its handler.
 """
 
 from __future__ import annotations
@@ -224,8 +227,8 @@ class AgentLoop:
         self._last_ids: list[int] | None = None
         """The last call's ``prompt_ids + completion_ids``: the next call's prompt is journalled against it."""
         self._data_urls: dict[str, str] = {}
-        self._deferred: asyncio.Task[Any] | None = None
-        """The turn's last ``tool_result`` while it is being written (`_append_later`)."""
+        self._deferred: list[asyncio.Task[Any]] = []
+        """Events being written while the loop goes on (`_append_later`), oldest first."""
         self._parameters = {name: t.parameters for name, t in self.tools.items()}
         self._budget = ContextBudget(
             limit_tokens=config.trim_at * config.context_tokens,
@@ -246,9 +249,9 @@ class AgentLoop:
         try:
             return await self._run()
         finally:  # a deferred write lands (or fails) before the caller may close the transcript
-            if self._deferred is not None and not self._deferred.done():
+            if self._deferred:
                 with contextlib.suppress(BaseException):
-                    await asyncio.wait({self._deferred})
+                    await asyncio.wait(self._deferred)
 
     async def _run(self) -> AgentOutcome:
         if self.transcript.events:
@@ -380,11 +383,13 @@ class AgentLoop:
         ended = False
         for index, call in enumerate(calls):
             self.status = f"turn {self.turn}: {call.name}"
-            await self._append("tool_started", {"turn": self.turn, **asdict(call)})
+            self._append_later("tool_started", {"turn": self.turn, **asdict(call)})
+            started = time.monotonic()
             outcome = await self._execute(call)
+            elapsed = time.monotonic() - started
             content = self._with_notifications(outcome.content)
             result = {"turn": self.turn, "call_id": call.call_id, "name": call.name,
-                      "content": content, "is_error": outcome.is_error}  # fmt: skip
+                      "content": content, "is_error": outcome.is_error, "tool_s": round(elapsed, 4)}  # fmt: skip
             tool = self.tools.get(call.name)
             ended = tool is not None and tool.ends_run and not outcome.is_error
             if index == len(calls) - 1 and not ended:
@@ -401,14 +406,14 @@ class AgentLoop:
         await self.transcript.append_async(type_, data)
 
     def _append_later(self, type_: str, data: dict[str, Any]) -> None:
-        """Starts journalling one event; the next `_append` waits for it and raises its failure."""
-        self._deferred = asyncio.ensure_future(self.transcript.append_async(type_, data))
+        """Starts journalling one event (in order); the next `_append` waits for it and raises its failure."""
+        self._deferred.append(asyncio.ensure_future(self.transcript.append_async(type_, data)))
 
     async def _settle(self) -> None:
-        """Waits for the deferred write; a cancel of the loop leaves it going (`run` waits for it)."""
-        if self._deferred is not None:
-            await asyncio.shield(self._deferred)
-            self._deferred = None
+        """Waits for the deferred writes; a cancel of the loop leaves them going (`run` waits for them)."""
+        while self._deferred:
+            await asyncio.shield(self._deferred[0])
+            self._deferred.pop(0)
 
     def _with_notifications(self, content: JournalledContent) -> JournalledContent:
         """``content`` with what happened meanwhile (grading results) appended."""

@@ -220,7 +220,10 @@ def _grader_message(layout: RunLayout, verdict: dict[str, Any]) -> str:
 
 
 def _time_split(agent_events: Sequence[Event], journal_events: Sequence[Event]) -> dict[str, float]:
-    """Seconds spent in model calls, in tools, in grading, and from the first event to the last."""
+    """Seconds spent in model calls, in tools, in grading, and from the first event to the last.
+
+    A tool's time is the loop's own measure around its handler (``tool_s``); a transcript
+    written before the loop recorded it gives the interval between the call's journal stamps."""
     model_s = sum(
         float(e.data.get("latency_s", 0.0)) for e in agent_events if e.type == "model_response"
     )
@@ -229,6 +232,9 @@ def _time_split(agent_events: Sequence[Event], journal_events: Sequence[Event]) 
     for event in agent_events:
         if event.type == "tool_started":
             started[str(event.data.get("call_id"))] = event.wall_s
+        elif event.type == "tool_result" and isinstance(event.data.get("tool_s"), (int, float)):
+            tools_s += float(event.data["tool_s"])  # measured around the handler by the loop
+            started.pop(str(event.data.get("call_id")), None)
         elif event.type == "tool_result" and str(event.data.get("call_id")) in started:
             tools_s += event.wall_s - started.pop(str(event.data.get("call_id")))
     grading_s = 0.0

@@ -25,14 +25,15 @@ from agentinfra.errors import AgentError
 
 
 class _SlowResults(ThreadPoolExecutor):
-    """Journal writes, a ``tool_result``'s 0.3 s late (a busy machine), or failing."""
+    """Journal writes, those of ``slow`` events 0.3 s late (a busy machine), or failing."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, slow: str = "tool_result") -> None:
         super().__init__(max_workers=2)
         self.fail = fail
+        self.slow = slow
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if args and args[0] == "tool_result":
+        if args and args[0] == self.slow:
 
             def slow(*a: Any) -> Any:
                 time.sleep(0.3)
@@ -71,6 +72,7 @@ class _Scripted(ModelClient):
 
 def _loop(tmp_path: Path, executor: ThreadPoolExecutor, tool: str = "noop") -> AgentLoop:
     transcript = Transcript.open(tmp_path / "t.jsonl", executor=executor)
+    _TRANSCRIPTS.append(transcript)
     tools = [Tool("noop", "does nothing", {"type": "object", "properties": {}}, _ok),
              Tool("finish", "ends the run", {"type": "object", "properties": {}}, _ok, ends_run=True)]  # fmt: skip
     config = LoopConfig(model="m", base_url="http://127.0.0.1:9/v1", max_turns=5)
@@ -78,8 +80,16 @@ def _loop(tmp_path: Path, executor: ThreadPoolExecutor, tool: str = "noop") -> A
                      system_prompt="s", task_prompt="t", transcript=transcript)  # fmt: skip
 
 
+_STARTS_SEEN: list[int] = []
+
+
 async def _ok(arguments: dict[str, Any]) -> str:
+    transcript = _TRANSCRIPTS[-1]
+    _STARTS_SEEN.append(sum(e.type == "tool_started" for e in transcript.events))
     return "ok"
+
+
+_TRANSCRIPTS: list[Transcript] = []
 
 
 def test_the_next_request_leaves_while_the_last_result_is_written_and_order_holds(
@@ -113,3 +123,14 @@ def test_a_failed_deferred_write_ends_the_run_and_no_later_reply_is_journalled(
         asyncio.run(loop.run())
     types = [e.type for e in loop.transcript.events]
     assert types == ["loop_started", "model_response", "tool_started"]
+
+
+def test_a_tool_runs_while_its_start_is_written(tmp_path: Path) -> None:
+    _STARTS_SEEN.clear()
+    loop = _loop(tmp_path, _SlowResults(slow="tool_started"))
+    assert asyncio.run(loop.run()).stop_reason == "done"
+    assert _STARTS_SEEN == [0]  # the handler did not wait for the slow write
+    types = [e.type for e in loop.transcript.events]
+    assert types[1:4] == ["model_response", "tool_started", "tool_result"]
+    result = loop.transcript.events[3].data
+    assert 0 <= result["tool_s"] < 0.3  # the tool's own time, not the write's

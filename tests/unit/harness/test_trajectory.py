@@ -165,3 +165,20 @@ def test_not_a_run_with_a_transcript(tmp_path: Path) -> None:
     run.close()
     with pytest.raises(HarnessError, match="no agent transcript"):
         trajectory_of(run.path)
+
+
+def test_tool_time_is_the_loops_own_measure_and_older_transcripts_use_the_stamps(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path)
+    _transcript(run, [
+        _reply(1, None), ("tool_started", {"turn": 1, "call_id": "c1"}),
+        ("tool_result", {"turn": 1, "call_id": "c1", "name": "t", "content": "ok", "is_error": False, "tool_s": 2.25}),
+        _reply(2, None), ("tool_started", {"turn": 2, "call_id": "c2"}),
+        ("tool_result", {"turn": 2, "call_id": "c2", "name": "t", "content": "ok", "is_error": False}),
+        ("stopped", {"reason": "max_turns", "turns": 2}),
+    ])  # fmt: skip
+    run.close()
+    events = Transcript.read(run.layout.transcript)
+    stamped = events[-2].wall_s - events[-3].wall_s  # the call written before tool_s existed
+    assert trajectory_of(run.path)["time"]["tools_s"] == round(2.25 + stamped, 3)
