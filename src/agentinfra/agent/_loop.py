@@ -71,7 +71,13 @@ from agentinfra.agent._transcript import (
     replay,
     wire_messages,
 )
-from agentinfra.errors import AgentError, ConfigError, ToolError
+from agentinfra.errors import (
+    AgentError,
+    ConfigError,
+    SandboxError,
+    TaskEnvironmentError,
+    ToolError,
+)
 
 __all__ = ["AgentLoop", "AgentOutcome", "LoopConfig"]
 
@@ -182,6 +188,22 @@ class AgentOutcome:
 class _ToolOutcome(NamedTuple):
     content: JournalledContent
     is_error: bool
+    internal_error: dict[str, str] | None = None
+    """A tool that failed inside agentinfra, not by the model's mistake (`internal_error_of`)."""
+
+
+def internal_error_of(exc: BaseException) -> dict[str, str]:
+    """A tool's failure inside agentinfra, as journalled on its result (``internal_error``).
+
+    ``kind`` is ``environment_died`` for the episode's sandbox, desktop or controller failing
+    under it (`SandboxError`, `TaskEnvironmentError` and their subclasses), else ``internal``
+    (agentinfra's own bug or a harness failure such as a `HarnessError`). A trainer reads it as
+    the rollout's infra failure: the episode went on, but its reward is not the policy's.
+    """
+    kind = (
+        "environment_died" if isinstance(exc, (SandboxError, TaskEnvironmentError)) else "internal"
+    )
+    return {"kind": kind, "type": type(exc).__name__, "message": str(exc)[:2000]}
 
 
 class AgentLoop:
@@ -390,6 +412,8 @@ class AgentLoop:
             content = self._with_notifications(outcome.content)
             result = {"turn": self.turn, "call_id": call.call_id, "name": call.name,
                       "content": content, "is_error": outcome.is_error, "tool_s": round(elapsed, 4)}  # fmt: skip
+            if outcome.internal_error is not None:
+                result["internal_error"] = outcome.internal_error
             tool = self.tools.get(call.name)
             ended = tool is not None and tool.ends_run and not outcome.is_error
             if index == len(calls) - 1 and not ended:
@@ -454,6 +478,7 @@ class AgentLoop:
             return _ToolOutcome(
                 f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
                 True,
+                internal_error_of(exc),
             )
 
     async def _journal_content(self, result: Any) -> JournalledContent:

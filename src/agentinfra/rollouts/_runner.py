@@ -19,14 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentinfra._journal import Journal
 from agentinfra._settings import Settings
 from agentinfra.agent import EndpointLimiter
 from agentinfra.environments import Evaluation, environment_definition
@@ -42,7 +40,6 @@ from agentinfra.harness import (
     EvaluationRequest,
     LocalExecutor,
     RunDirectory,
-    RunLayout,
     agent_run_spec,
     run_agent,
     trajectory_of,
@@ -57,7 +54,6 @@ __all__ = [
     "read_trajectory",
     "run_groups",
     "run_rollout",
-    "tool_failure_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,8 +134,6 @@ def read_trajectory(
         if failure is None and cancelled is None:
             failure = infra_failure_of(exc)
         trajectory = _empty_trajectory(path, group, failure, cancelled)
-    if trajectory.get("infra_failure") is None and failure is None:
-        failure = tool_failure_of(path)
     if trajectory.get("infra_failure") is None and failure is not None:
         trajectory["infra_failure"] = failure
     if trajectory.get("policy_version") is None:
@@ -148,38 +142,6 @@ def read_trajectory(
                              "index": group.rollout_ids.index(path.name)
                              if path.name in group.rollout_ids else None}  # fmt: skip
     return trajectory
-
-
-_INTERNAL_TOOL_ERROR = re.compile(r"error: the tool (\w+) failed inside agentinfra \((\w+): ")
-"""How the loop answers a tool that raised something other than `ToolError` (agentinfra's failure,
-not the model's mistake), as it journals the result; the tool name and exception type follow."""
-_ENVIRONMENT_ERRORS = ("ControllerError", "ChannelClosedError", "ChannelTimeoutError", "SandboxError",
-                       "TaskEnvironmentError", "UidExhaustedError", "ForkServerError")  # fmt: skip
-
-
-def tool_failure_of(path: Path) -> dict[str, str] | None:
-    """The first tool call of the run at ``path`` that failed inside agentinfra (a desktop or jail
-    that died under the episode), as an infra failure; None when there was none.
-
-    The loop keeps a long run going past such a failure (the model is told), so the episode may
-    still end and be graded; its reward is then not the policy's, and the rollout says so.
-    """
-    transcript = RunLayout(path).transcript
-    if not transcript.is_file():
-        return None
-    try:
-        events = Journal.read(transcript)
-    except AgentInfraError:
-        return None
-    for event in events:
-        content = event.data.get("content") if event.type == "tool_result" else None
-        if not event.data.get("is_error") or not isinstance(content, str):
-            continue
-        found = _INTERNAL_TOOL_ERROR.match(content)
-        if found is not None:
-            kind = "environment_died" if found.group(2) in _ENVIRONMENT_ERRORS else "internal"
-            return {"kind": kind, "message": content.removeprefix("error: ")[:2000]}
-    return None
 
 
 def _empty_trajectory(
