@@ -152,7 +152,7 @@ def throughput(
             gradings += times["grading_s"]
     return {
         "part": "throughput", "groups": args.groups, "group_size": args.group_size,
-        "concurrency": args.concurrency, "grading_slots": args.grading_slots or "default (CPUs)",
+        "concurrency": args.concurrency, "grading_slots": args.grading_slots or "default (CPUs - 1)",
         "rollouts": len(trajectories), "wall_s": round(wall_s, 2),
         "rollouts_per_min": round(60 * len(trajectories) / wall_s, 2),
         "calls": sum(len(t.get("calls") or []) for t in trajectories),
@@ -377,7 +377,9 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument(
-        "--grading-slots", type=int, help="The service's --grading-slots (default: its CPUs)."
+        "--grading-slots",
+        type=int,
+        help="The service's --grading-slots (default: its CPUs less one).",
     )
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
     parser.add_argument(

@@ -82,7 +82,7 @@ def run_command(
         int | None,
         typer.Option(
             "--grading-slots",
-            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs).",
+            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs less one).",
         ),
     ] = None,
     runs_dir: Annotated[
@@ -240,7 +240,7 @@ def serve_command(
         int | None,
         typer.Option(
             "--grading-slots",
-            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs).",
+            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs less one).",
         ),
     ] = None,
     check_endpoint: Annotated[

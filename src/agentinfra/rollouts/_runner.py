@@ -227,7 +227,7 @@ async def run_groups(
     """Runs every rollout of ``groups`` under ``root``, at most ``concurrency`` at once, in group order.
 
     Their gradings share one pool of ``grading_slots`` cores (`GradingSlots`; None: the
-    machine's CPUs). Each trajectory goes to ``on_trajectory`` as soon as its rollout ends;
+    machine's CPUs less one). Each trajectory goes to ``on_trajectory`` as soon as its rollout ends;
     returns how many did.
 
     Raises:

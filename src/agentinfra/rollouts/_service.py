@@ -94,7 +94,7 @@ class ServiceConfig:
     eval_workers: int = 1
     grading_slots: int | None = None
     """Cores that gradings (the rollouts' and ``POST /v1/grade``'s) may occupy at once; None:
-    the machine's CPUs (`GradingSlots`)."""
+    the machine's CPUs less one (`GradingSlots`)."""
 
     def __post_init__(self) -> None:
         GradingSlots(self.grading_slots)  # a bad value is refused here, before anything starts
