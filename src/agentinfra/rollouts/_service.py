@@ -146,14 +146,26 @@ class _Metrics:
 
 
 class _StateCollector:
-    def __init__(self, book: RolloutBook) -> None:
+    def __init__(self, book: RolloutBook, slots: GradingSlots) -> None:
         self.book = book
+        self.slots = slots
 
     def collect(self) -> Any:
         family = GaugeMetricFamily("agentinfra_rollouts", "Rollouts by state", labels=["state"])
         for state, count in sorted(self.book.counts().items()):
             family.add_metric([state], count)
         yield family
+        cores = GaugeMetricFamily(
+            "agentinfra_grading_slots",
+            "Cores of the grading pool (--grading-slots)",
+            labels=["state"],
+        )
+        cores.add_metric(["busy"], self.slots.slots - self.slots.free)
+        cores.add_metric(["free"], self.slots.free)
+        yield cores
+        yield GaugeMetricFamily(
+            "agentinfra_gradings_waiting", "Gradings waiting for cores", value=self.slots.waiting
+        )
 
 
 class RolloutService:
@@ -181,7 +193,7 @@ class RolloutService:
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         self.metrics = _Metrics()
-        self.metrics.registry.register(_StateCollector(self.book))
+        self.metrics.registry.register(_StateCollector(self.book, self.slots))
         self.swept_uids: list[int] = []
         self._limiter = EndpointLimiter(max_in_flight=config.concurrency)
         self._tasks: dict[str, asyncio.Task[dict[str, Any]]] = {}

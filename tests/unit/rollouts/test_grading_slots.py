@@ -129,3 +129,21 @@ def test_the_service_grades_its_rollouts_and_post_grade_from_one_pool(tmp_path: 
                              api_key_of=lambda _: "k")  # fmt: skip
     assert service.slots.slots == 3
     assert service.desk.slots is service.slots
+
+
+def test_the_service_metrics_show_the_pool(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from agentinfra.rollouts import RolloutService
+
+    service = RolloutService(ServiceConfig(state_dir=tmp_path, grading_slots=3), load_settings(),
+                             api_key_of=lambda _: "k")  # fmt: skip
+
+    async def main() -> str:
+        async with service.slots.hold(2):
+            return generate_latest(service.metrics.registry).decode()
+
+    text = asyncio.run(main())
+    assert 'agentinfra_grading_slots{state="busy"} 2.0' in text
+    assert 'agentinfra_grading_slots{state="free"} 1.0' in text
+    assert "agentinfra_gradings_waiting 0.0" in text
