@@ -274,6 +274,9 @@ class AgentLoop:
             if self._deferred:
                 with contextlib.suppress(BaseException):
                     await asyncio.wait(self._deferred)
+                for task in self._deferred:  # a failure the run did not get to raise is logged
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        logger.error("a journal write failed: %s", task.exception())
 
     async def _run(self) -> AgentOutcome:
         if self.transcript.events:
@@ -436,7 +439,15 @@ class AgentLoop:
     async def _settle(self) -> None:
         """Waits for the deferred writes; a cancel of the loop leaves them going (`run` waits for them)."""
         while self._deferred:
-            await asyncio.shield(self._deferred[0])
+            task = self._deferred[0]
+            try:
+                await asyncio.shield(task)
+            except BaseException:
+                if (
+                    task.done()
+                ):  # its own failure, raised here once; a cancel of ours leaves it going
+                    self._deferred.pop(0)
+                raise
             self._deferred.pop(0)
 
     def _with_notifications(self, content: JournalledContent) -> JournalledContent:

@@ -122,7 +122,8 @@ def test_a_failed_deferred_write_ends_the_run_and_no_later_reply_is_journalled(
     with pytest.raises(AgentError, match="disk full"):
         asyncio.run(loop.run())
     types = [e.type for e in loop.transcript.events]
-    assert types == ["loop_started", "model_response", "tool_started"]
+    assert types == ["loop_started", "model_response", "tool_started", "failed"]
+    assert "disk full" in loop.transcript.events[-1].data["error"]
 
 
 def test_a_tool_runs_while_its_start_is_written(tmp_path: Path) -> None:
