@@ -75,10 +75,14 @@ def solver(body: dict[str, Any]) -> Reply:
     return Reply(content="done")
 
 
+MODEL_DELAY_S = 0.0
+"""How long the scripted model takes per call in the ``overhead`` part (``--model-delay-ms``)."""
+
+
 def lister(body: dict[str, Any]) -> Reply:
     if _assistants(body) < 8:
-        return Reply(tool_calls=[("list_files", "{}")])
-    return Reply(content="done")
+        return Reply(tool_calls=[("list_files", "{}")], delay_s=MODEL_DELAY_S)
+    return Reply(content="done", delay_s=MODEL_DELAY_S)
 
 
 def sleeper(body: dict[str, Any]) -> Reply:
@@ -381,6 +385,10 @@ def main() -> None:
         type=int,
         help="The service's --grading-slots (default: its CPUs less one).",
     )
+    parser.add_argument(
+        "--model-delay-ms", type=float, default=0.0,
+        help="overhead part: the scripted model's time per call (a real engine takes 10s to 1000s of ms).",
+    )  # fmt: skip
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
     parser.add_argument(
         "--keep", type=Path, help="Keep state and run directories here (default: a temporary one)."
@@ -391,6 +399,8 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "rollouts.jsonl"
     )
     args = parser.parse_args()
+    global MODEL_DELAY_S
+    MODEL_DELAY_S = args.model_delay_ms / 1000
     if args.smoke:
         args.groups, args.group_size, args.concurrency, args.parts = 1, 2, 2, "throughput"
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -422,7 +432,8 @@ def main() -> None:
                 record.pop("_exact_share", None)
             elif part == "overhead":
                 with ScriptedModelServer(lister, models=[MODEL]) as model:
-                    record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead"}
+                    record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead",
+                              "model_delay_ms": args.model_delay_ms}  # fmt: skip
                 record.pop("_exact_share", None)
             elif part == "desktop":
                 record = desktop(folder, args)
