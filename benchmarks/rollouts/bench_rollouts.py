@@ -75,10 +75,14 @@ def solver(body: dict[str, Any]) -> Reply:
     return Reply(content="done")
 
 
+MODEL_DELAY_S = 0.0
+"""How long the scripted model takes per call in the ``overhead`` part (``--model-delay-ms``)."""
+
+
 def lister(body: dict[str, Any]) -> Reply:
     if _assistants(body) < 8:
-        return Reply(tool_calls=[("list_files", "{}")])
-    return Reply(content="done")
+        return Reply(tool_calls=[("list_files", "{}")], delay_s=MODEL_DELAY_S)
+    return Reply(content="done", delay_s=MODEL_DELAY_S)
 
 
 def sleeper(body: dict[str, Any]) -> Reply:
@@ -130,8 +134,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 def throughput(
     folder: Path, args: argparse.Namespace, base_url: str, model: str, **fields: Any
 ) -> dict[str, Any]:
+    slots = ("--grading-slots", str(args.grading_slots)) if args.grading_slots else ()
     service = Service(folder / "throughput", "--concurrency", str(args.concurrency),
-                      "--max-pending", str(max(64, args.groups * args.group_size)))  # fmt: skip
+                      "--max-pending", str(max(64, args.groups * args.group_size)), *slots)  # fmt: skip
     try:
         started = time.monotonic()
         groups = [service.client.submit_group(_group(base_url, args.group_size, model, **fields))
@@ -151,7 +156,8 @@ def throughput(
             gradings += times["grading_s"]
     return {
         "part": "throughput", "groups": args.groups, "group_size": args.group_size,
-        "concurrency": args.concurrency, "rollouts": len(trajectories), "wall_s": round(wall_s, 2),
+        "concurrency": args.concurrency, "grading_slots": args.grading_slots or "default (CPUs - 1)",
+        "rollouts": len(trajectories), "wall_s": round(wall_s, 2),
         "rollouts_per_min": round(60 * len(trajectories) / wall_s, 2),
         "calls": sum(len(t.get("calls") or []) for t in trajectories),
         "overhead_ms_per_call_p50": _round(_percentile(overhead_ms, 0.5)),
@@ -159,6 +165,7 @@ def throughput(
         "grading_share_of_wall": round(gradings / walls, 3) if walls else None,
         "mean_rollout_wall_s": round(walls / len(trajectories), 2) if trajectories else None,
         "infra_failures": sum(1 for t in trajectories if t.get("infra_failure")),
+        "hack_flagged": sum(1 for t in trajectories if t.get("hack_flagged")),
         "rewards": sorted({t.get("reward") for t in trajectories}, key=str),
         "outcomes": sorted(r["outcome"] for t in trajectories for r in t.get("turn_rewards", [])),
         "tokens": sorted({t.get("tokens") for t in trajectories}),
@@ -373,6 +380,15 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--grading-slots",
+        type=int,
+        help="The service's --grading-slots (default: its CPUs less one).",
+    )
+    parser.add_argument(
+        "--model-delay-ms", type=float, default=0.0,
+        help="overhead part: the scripted model's time per call (a real engine takes 10s to 1000s of ms).",
+    )  # fmt: skip
     parser.add_argument("--policy", choices=["scripted", "smollm2"], default="scripted")
     parser.add_argument(
         "--keep", type=Path, help="Keep state and run directories here (default: a temporary one)."
@@ -383,6 +399,8 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "rollouts.jsonl"
     )
     args = parser.parse_args()
+    global MODEL_DELAY_S
+    MODEL_DELAY_S = args.model_delay_ms / 1000
     if args.smoke:
         args.groups, args.group_size, args.concurrency, args.parts = 1, 2, 2, "throughput"
     revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -414,7 +432,8 @@ def main() -> None:
                 record.pop("_exact_share", None)
             elif part == "overhead":
                 with ScriptedModelServer(lister, models=[MODEL]) as model:
-                    record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead"}
+                    record = {**throughput(folder, args, model.base_url, MODEL), "part": "overhead",
+                              "model_delay_ms": args.model_delay_ms}  # fmt: skip
                 record.pop("_exact_share", None)
             elif part == "desktop":
                 record = desktop(folder, args)

@@ -107,3 +107,19 @@ def test_pairs_benchmark_smoke() -> None:
         assert 0.5 < grading["speedup"] < 2.0, grading  # the reference against itself
     assert summary["gradings"] == 2
     assert 0.5 < summary["per-pair median (the grader's)"]["median"] < 2.0
+
+
+@pytest.mark.slow
+def test_rollouts_benchmark_smoke() -> None:
+    """A group of 2 honest kernels through `agentinfra rollouts serve`: 2 trajectories, both graded, neither flagged."""
+    out = subprocess.run(
+        [sys.executable, "benchmarks/rollouts/bench_rollouts.py", "--smoke"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (record,) = [json.loads(line) for line in out.stdout.splitlines()]
+    assert (record["part"], record["rollouts"], record["infra_failures"]) == ("throughput", 2, 0)
+    assert record["outcomes"] == ["passed", "passed"], record
+    assert record["hack_flagged"] == 0
+    assert record["calls"] == 8
+    assert 0 < record["grading_share_of_wall"] <= 1

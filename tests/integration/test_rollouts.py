@@ -152,6 +152,7 @@ def test_rollouts_run_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
             ("--env", "nope"): "nope",
             ("--tasks", str(tmp_path / "missing.py")): "missing.py",
             ("--model", "not-served"): "not-served",
+            ("--grading-slots", "0"): "--grading-slots 0",
         }
         for (flag, value), named in cases.items():
             args = {"--env": "kernels", "--tasks": str(PROBLEM), "--group-size": "2",

@@ -278,7 +278,6 @@ EXPECTED: dict[str, list[str]] = {
         "run_rollout",
         "sandbox_processes",
         "sweep_orphaned_jails",
-        "tool_failure_of",
     ],
     "agentinfra.sandbox": [
         "ForkServer",

@@ -1,8 +1,9 @@
 """The agent loop: model call, tool calls, repeat, within budgets, journalled for resume.
 
 One turn is one model call and the tool calls it asked for. Every model reply
-and every tool call (start and result) is journalled in the transcript before
-the loop moves on, so a crashed run resumes from its last completed turn:
+is journalled in the transcript before the loop acts on it, and every tool call
+(start and result) is journalled in order (see below for the two writes that overlap
+the work that follows them), so a crashed run resumes from its last completed turn:
 the model is never called again for a turn it already answered, and a tool call
 whose result is journalled is never run again. A call that started but has no
 result is run again on resume; every shipped tool is idempotent (files are
@@ -31,11 +32,21 @@ oldest whole turns are dropped. The system prompt and the task are always kept.
 
 Every journal write goes through `Journal.append_async`: the write and its fsync run
 in a bounded thread pool, so one agent's fsync does not stall the event loop that
-all agents of a process share.
+all agents of a process share. The loop waits for each write to be durable before it
+moves on, with two exceptions, each write being a thread handoff and an fsync (~7 ms with
+8 agents on 2 busy cores): a ``tool_started`` is written while its tool runs, and the
+turn's last ``tool_result`` while the next model request is on its way. The next awaited
+event waits for them (every event lands in order, and a failed write still ends the run).
+A resume runs again every call of the last reply that has no journalled result, whether
+or not its start was journalled, so a crash loses nothing a resume needs; no model reply
+is ever acted on before it is durable. A ``tool_result`` carries ``tool_s``, the tool's
+own time, measured around its handler.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -60,7 +71,13 @@ from agentinfra.agent._transcript import (
     replay,
     wire_messages,
 )
-from agentinfra.errors import AgentError, ConfigError, ToolError
+from agentinfra.errors import (
+    AgentError,
+    ConfigError,
+    SandboxError,
+    TaskEnvironmentError,
+    ToolError,
+)
 
 __all__ = ["AgentLoop", "AgentOutcome", "LoopConfig"]
 
@@ -171,6 +188,22 @@ class AgentOutcome:
 class _ToolOutcome(NamedTuple):
     content: JournalledContent
     is_error: bool
+    internal_error: dict[str, str] | None = None
+    """A tool that failed inside agentinfra, not by the model's mistake (`internal_error_of`)."""
+
+
+def internal_error_of(exc: BaseException) -> dict[str, str]:
+    """A tool's failure inside agentinfra, as journalled on its result (``internal_error``).
+
+    ``kind`` is ``environment_died`` for the episode's sandbox, desktop or controller failing
+    under it (`SandboxError`, `TaskEnvironmentError` and their subclasses), else ``internal``
+    (agentinfra's own bug or a harness failure such as a `HarnessError`). A trainer reads it as
+    the rollout's infra failure: the episode went on, but its reward is not the policy's.
+    """
+    kind = (
+        "environment_died" if isinstance(exc, (SandboxError, TaskEnvironmentError)) else "internal"
+    )
+    return {"kind": kind, "type": type(exc).__name__, "message": str(exc)[:2000]}
 
 
 class AgentLoop:
@@ -216,6 +249,8 @@ class AgentLoop:
         self._last_ids: list[int] | None = None
         """The last call's ``prompt_ids + completion_ids``: the next call's prompt is journalled against it."""
         self._data_urls: dict[str, str] = {}
+        self._deferred: list[asyncio.Task[Any]] = []
+        """Events being written while the loop goes on (`_append_later`), oldest first."""
         self._parameters = {name: t.parameters for name, t in self.tools.items()}
         self._budget = ContextBudget(
             limit_tokens=config.trim_at * config.context_tokens,
@@ -233,12 +268,23 @@ class AgentLoop:
     # -- start and resume -------------------------------------------------------------
 
     async def run(self) -> AgentOutcome:
+        try:
+            return await self._run()
+        finally:  # a deferred write lands (or fails) before the caller may close the transcript
+            if self._deferred:
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait(self._deferred)
+                for task in self._deferred:  # a failure the run did not get to raise is logged
+                    if task.done() and not task.cancelled() and task.exception() is not None:
+                        logger.error("a journal write failed: %s", task.exception())
+
+    async def _run(self) -> AgentOutcome:
         if self.transcript.events:
             outcome = await self._resume()
             if outcome is not None:
                 return outcome
         else:
-            await self.transcript.append_async(
+            await self._append(
                 "loop_started",
                 {"config": self.config.to_json(), "messages": self.messages, "tools": self.schemas},
             )
@@ -246,9 +292,7 @@ class AgentLoop:
             return await self._turns()
         except AgentError as exc:
             self.status = f"failed: {exc}"
-            await self.transcript.append_async(
-                "failed", {"turn": self.turn, "error": str(exc)[:2000]}
-            )
+            await self._append("failed", {"turn": self.turn, "error": str(exc)[:2000]})
             raise
 
     async def _resume(self) -> AgentOutcome | None:
@@ -259,9 +303,7 @@ class AgentLoop:
             return self._outcome(stopped[-1].data["reason"])
         if not pending and self._ended_by_tool():
             return await self._stop("done")  # the crash came between that result and its stop
-        await self.transcript.append_async(
-            "loop_resumed", {"turn": self.turn, "pending_calls": len(pending)}
-        )
+        await self._append("loop_resumed", {"turn": self.turn, "pending_calls": len(pending)})
         if pending:
             await self._run_calls(pending)
         return None
@@ -297,8 +339,7 @@ class AgentLoop:
                 if not await self._answer_no_call(completion.message.get("content") or ""):
                     return await self._stop("done")
                 continue
-            await self._run_calls(calls)
-            if self._ended_by_tool():
+            if await self._run_calls(calls):
                 return await self._stop("done")
 
     async def _record_reply(self, completion: Completion) -> tuple[ToolCall, ...]:
@@ -318,7 +359,7 @@ class AgentLoop:
             self._last_ids = completion.tokens.all_ids
         else:
             self._last_ids = None
-        await self.transcript.append_async(
+        await self._append(
             "model_response",
             {
                 "turn": self.turn, "message": reply.message, "calls": [asdict(c) for c in reply.calls],
@@ -339,7 +380,7 @@ class AgentLoop:
         )  # fmt: skip
         if feedback is None:
             return False
-        await self.transcript.append_async(
+        await self._append(
             "feedback", {"turn": self.turn, "kind": feedback.kind, "text": feedback.text}
         )
         self.history.add_user(feedback.text)
@@ -361,19 +402,53 @@ class AgentLoop:
 
     # -- tool calls -------------------------------------------------------------------------
 
-    async def _run_calls(self, calls: Sequence[ToolCall]) -> None:
-        for call in calls:
+    async def _run_calls(self, calls: Sequence[ToolCall]) -> bool:
+        """Runs ``calls`` in order; True when the last one was a successful call of a tool that
+        ends the run. The last result is written while the loop goes on (`_append_later`)."""
+        ended = False
+        for index, call in enumerate(calls):
             self.status = f"turn {self.turn}: {call.name}"
-            await self.transcript.append_async("tool_started", {"turn": self.turn, **asdict(call)})
+            self._append_later("tool_started", {"turn": self.turn, **asdict(call)})
+            started = time.monotonic()
             outcome = await self._execute(call)
+            elapsed = time.monotonic() - started
             content = self._with_notifications(outcome.content)
-            await self.transcript.append_async(
-                "tool_result",
-                {"turn": self.turn, "call_id": call.call_id, "name": call.name, "content": content,
-                 "is_error": outcome.is_error},
-            )  # fmt: skip
+            result = {"turn": self.turn, "call_id": call.call_id, "name": call.name,
+                      "content": content, "is_error": outcome.is_error, "tool_s": round(elapsed, 4)}  # fmt: skip
+            if outcome.internal_error is not None:
+                result["internal_error"] = outcome.internal_error
+            tool = self.tools.get(call.name)
+            ended = tool is not None and tool.ends_run and not outcome.is_error
+            if index == len(calls) - 1 and not ended:
+                self._append_later("tool_result", result)
+            else:
+                await self._append("tool_result", result)
             self.history.add_tool_result(call.call_id, content)
         self.history.flush_images()
+        return ended
+
+    async def _append(self, type_: str, data: dict[str, Any]) -> None:
+        """Journals one event once the deferred one (if any) is durable; returns once this one is."""
+        await self._settle()
+        await self.transcript.append_async(type_, data)
+
+    def _append_later(self, type_: str, data: dict[str, Any]) -> None:
+        """Starts journalling one event (in order); the next `_append` waits for it and raises its failure."""
+        self._deferred.append(asyncio.ensure_future(self.transcript.append_async(type_, data)))
+
+    async def _settle(self) -> None:
+        """Waits for the deferred writes; a cancel of the loop leaves them going (`run` waits for them)."""
+        while self._deferred:
+            task = self._deferred[0]
+            try:
+                await asyncio.shield(task)
+            except BaseException:
+                if (
+                    task.done()
+                ):  # its own failure, raised here once; a cancel of ours leaves it going
+                    self._deferred.pop(0)
+                raise
+            self._deferred.pop(0)
 
     def _with_notifications(self, content: JournalledContent) -> JournalledContent:
         """``content`` with what happened meanwhile (grading results) appended."""
@@ -414,6 +489,7 @@ class AgentLoop:
             return _ToolOutcome(
                 f"error: the tool {name} failed inside agentinfra ({type(exc).__name__}: {exc})",
                 True,
+                internal_error_of(exc),
             )
 
     async def _journal_content(self, result: Any) -> JournalledContent:
@@ -465,7 +541,7 @@ class AgentLoop:
     async def _stop(self, reason: str) -> AgentOutcome:
         outcome = self._outcome(reason)
         self.status = f"stopped: {reason}"
-        await self.transcript.append_async(
+        await self._append(
             "stopped",
             {"reason": reason, "turns": self.turn, "prompt_tokens": self.usage.prompt_tokens,
              "completion_tokens": self.usage.completion_tokens, "cost_usd": outcome.cost_usd},
@@ -479,7 +555,7 @@ class AgentLoop:
         self, attempt: int, status: int | None, wait_s: float, reason: str
     ) -> None:
         self.status = f"turn {self.turn}: retry {attempt} in {wait_s:.1f}s ({status})"
-        await self.transcript.append_async(
+        await self._append(
             "retry", {"turn": self.turn, "attempt": attempt, "status": status, "wait_s": round(wait_s, 3),
                       "reason": reason[:500]},
         )  # fmt: skip
@@ -503,7 +579,7 @@ class AgentLoop:
         if not trim.changes:
             return
         self.history.messages = trim.messages
-        await self.transcript.append_async(
+        await self._append(
             "context_trimmed",
             {"turn": self.turn, "changes": [c.to_json() for c in trim.changes],
              "estimated_tokens": trim.estimated_tokens, "context_tokens": self.config.context_tokens},

@@ -78,6 +78,13 @@ def run_command(
         typer.Option("--max-retries", help="Retries of a failed model call before model_error."),
     ] = 6,
     eval_workers: Annotated[int, typer.Option("--eval-workers")] = 1,
+    grading_slots: Annotated[
+        int | None,
+        typer.Option(
+            "--grading-slots",
+            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs less one).",
+        ),
+    ] = None,
     runs_dir: Annotated[
         Path | None, typer.Option("--runs-dir", help="Where run directories go.")
     ] = None,
@@ -102,6 +109,8 @@ def run_command(
     """Run G rollouts per task (a group each) and write one trajectory per line; exit 0 when every rollout gave one."""
     if concurrency < 1:
         raise ConfigError(f"--concurrency {concurrency} must be >= 1")
+    if grading_slots is not None and grading_slots < 1:
+        raise ConfigError(f"--grading-slots {grading_slots} must be >= 1")
     definition = environment_definition(env)
     options = _agent_options(definition, {}, env_option or [])
     files = sorted({Path(p) for pattern in tasks for p in (glob.glob(pattern) or [pattern])})
@@ -177,6 +186,7 @@ def run_command(
                     concurrency=concurrency,
                     on_trajectory=write,
                     eval_workers=eval_workers,
+                    grading_slots=grading_slots,
                 )
             )
         finally:
@@ -226,6 +236,13 @@ def serve_command(
     grade_timeout_s: Annotated[
         float, typer.Option("--grade-timeout", help="Seconds before a grading is an infra failure.")
     ] = 600.0,
+    grading_slots: Annotated[
+        int | None,
+        typer.Option(
+            "--grading-slots",
+            help="Cores gradings of all rollouts may occupy at once (default: this machine's CPUs less one).",
+        ),
+    ] = None,
     check_endpoint: Annotated[
         bool,
         typer.Option(
@@ -254,6 +271,7 @@ def serve_command(
         max_pending=max_pending,
         max_grades_in_flight=max_grades,
         grade_timeout_s=grade_timeout_s,
+        grading_slots=grading_slots,
         tokens=tokens,
         check_endpoint=check_endpoint,
     )

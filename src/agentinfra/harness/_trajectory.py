@@ -17,12 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from agentinfra.agent import call_tokens_of, split_segments
-from agentinfra.errors import AgentError, HarnessError
+from agentinfra.errors import AgentError, HarnessError, SandboxError, TaskEnvironmentError
 from agentinfra.harness._journal import Event, Journal
 from agentinfra.harness._run_records import agent_view, run_reward, submissions_of
 from agentinfra.harness._rundir import RunDirectory, RunLayout
 
-__all__ = ["TRAJECTORY_SCHEMA_VERSION", "infra_failure_of", "rollout_fields", "trajectory_of"]
+__all__ = [
+    "TRAJECTORY_SCHEMA_VERSION",
+    "infra_failure_of",
+    "rollout_fields",
+    "tool_failure_of",
+    "trajectory_of",
+]
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -41,8 +47,7 @@ def trajectory_of(
         group_id: the group the rollout belongs to, as the caller named it.
         cancelled: the rollout was cancelled; this is why (``infra_failure`` kind ``cancelled``).
         error: the exception that ended the run in the caller, when one did (classified
-            into ``infra_failure``: `AgentError` is ``model_error``, anything else
-            ``environment_died``).
+            into ``infra_failure`` by `infra_failure_of`).
 
     Raises:
         HarnessError: not a run directory, or a run without an agent transcript.
@@ -177,8 +182,11 @@ def infra_failure_of(
     """What failed outside the episode's control, or None: never confused with a failed episode.
 
     In order: ``cancelled``; ``model_error`` (the loop journalled ``failed``: the model
-    server kept failing after retries, or refused the request); the caller's ``error``;
-    ``grader_error`` (a verdict that is a grader failure, not the problem's own refusal).
+    server kept failing after retries, or refused the request); the caller's ``error``
+    (`AgentError`: ``model_error``; `SandboxError` or `TaskEnvironmentError`:
+    ``environment_died``; anything else, a `HarnessError` included: ``internal``); the first
+    tool that failed inside agentinfra (`tool_failure_of`); ``grader_error`` (a verdict that
+    is a grader failure, not the problem's own refusal).
     """
     if cancelled is not None:
         return {"kind": "cancelled", "message": cancelled}
@@ -186,14 +194,45 @@ def infra_failure_of(
     if failed:
         return {"kind": "model_error", "message": str(failed[-1].data.get("error", ""))}
     if error is not None:
-        kind = "model_error" if isinstance(error, AgentError) else "environment_died"
+        if isinstance(error, AgentError):
+            kind = "model_error"
+        elif isinstance(error, (SandboxError, TaskEnvironmentError)):
+            kind = "environment_died"
+        else:
+            kind = "internal"
         return {"kind": kind, "message": f"{type(error).__name__}: {error}"[:2000]}
+    tool_failure = tool_failure_of(agent_events)
+    if tool_failure is not None:
+        return tool_failure
     for verdict in verdicts:
         if verdict["outcome"] == "grader_error" and not _problem_refused(layout, verdict):
             return {
                 "kind": "grader_error",
                 "message": f"submission {verdict['sha256'][:12]}: {_grader_message(layout, verdict)}",
             }
+    return None
+
+
+def tool_failure_of(agent_events: Sequence[Event]) -> dict[str, str] | None:
+    """The first tool call that failed inside agentinfra (a desktop or jail that died under the
+    episode, or agentinfra's own bug), from the ``internal_error`` the loop journals on its
+    result; None when there was none.
+
+    The loop keeps a long run going past such a failure (the model is told), so the episode
+    may still end and be graded; its reward is then not the policy's, and the trajectory says
+    so. A transcript written before the loop journalled ``internal_error`` reads as having none.
+    """
+    for event in agent_events:
+        error = event.data.get("internal_error") if event.type == "tool_result" else None
+        if not isinstance(error, dict):
+            continue
+        kind = error.get("kind")
+        name = str(event.data.get("name", "?"))
+        return {
+            "kind": kind if kind in ("environment_died", "internal") else "internal",
+            "message": f"the tool {name} failed inside agentinfra "
+            f"({error.get('type', '?')}: {error.get('message', '')})"[:2000],
+        }
     return None
 
 
@@ -220,7 +259,10 @@ def _grader_message(layout: RunLayout, verdict: dict[str, Any]) -> str:
 
 
 def _time_split(agent_events: Sequence[Event], journal_events: Sequence[Event]) -> dict[str, float]:
-    """Seconds spent in model calls, in tools, in grading, and from the first event to the last."""
+    """Seconds spent in model calls, in tools, in grading, and from the first event to the last.
+
+    A tool's time is the loop's own measure around its handler (``tool_s``); a transcript
+    written before the loop recorded it gives the interval between the call's journal stamps."""
     model_s = sum(
         float(e.data.get("latency_s", 0.0)) for e in agent_events if e.type == "model_response"
     )
@@ -229,6 +271,9 @@ def _time_split(agent_events: Sequence[Event], journal_events: Sequence[Event]) 
     for event in agent_events:
         if event.type == "tool_started":
             started[str(event.data.get("call_id"))] = event.wall_s
+        elif event.type == "tool_result" and isinstance(event.data.get("tool_s"), (int, float)):
+            tools_s += float(event.data["tool_s"])  # measured around the handler by the loop
+            started.pop(str(event.data.get("call_id")), None)
         elif event.type == "tool_result" and str(event.data.get("call_id")) in started:
             tools_s += event.wall_s - started.pop(str(event.data.get("call_id")))
     grading_s = 0.0

@@ -26,7 +26,6 @@ from agentinfra.rollouts._runner import (
     read_trajectory,
     run_groups,
     run_rollout,
-    tool_failure_of,
 )
 from agentinfra.rollouts._service import RolloutService, ServiceConfig
 from agentinfra.rollouts._spec import (
@@ -61,5 +60,4 @@ __all__ = [
     "run_rollout",
     "sandbox_processes",
     "sweep_orphaned_jails",
-    "tool_failure_of",
 ]

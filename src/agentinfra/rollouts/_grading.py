@@ -5,9 +5,11 @@ submission's hashes and the submission's name. A key is graded once: a repeat wh
 is being graded waits for that grading (`GradeLedger`), a repeat afterwards gets the
 answer kept in memory or, after a restart, the one stored in ``<folder>/<key>.json``
 (written atomically before the first answer is sent). At most ``max_in_flight`` distinct
-gradings run at once; the next gets None (the service answers 429).
+gradings are accepted at once; the next gets None (the service answers 429). An accepted
+grading takes its cores from ``slots``, the pool it shares with the service's rollouts,
+and waits for them.
 
-A grading that raises or outlasts ``timeout_s`` is an infra failure (``grader_error``),
+A grading that raises or outlasts ``timeout_s`` once it has its cores is an infra failure (``grader_error``),
 never the submission's 0, and is not remembered (a repeat grades again). Hidden seeds are
 fresh from the OS for each grading, as in a run.
 """
@@ -27,6 +29,7 @@ from agentinfra._settings import Settings
 from agentinfra.environments import Environment, Outcome, Submission, environment_definition
 from agentinfra.errors import ConfigError
 from agentinfra.rollouts._book import GradeLedger
+from agentinfra.rollouts._slots import GradingSlots, grading_cost
 
 __all__ = ["GradeDesk", "grade_key"]
 
@@ -55,9 +58,11 @@ class GradeDesk:
         *,
         max_in_flight: int,
         timeout_s: float,
+        slots: GradingSlots | None = None,
         observe: Callable[[float], None] = lambda _: None,
     ) -> None:
         self.folder = folder
+        self.slots = slots or GradingSlots()
         self.settings = settings
         self.timeout_s = timeout_s
         self.ledger = GradeLedger(max_in_flight)
@@ -125,7 +130,10 @@ class GradeDesk:
         started = time.monotonic()
         infra: dict[str, str] | None = None
         try:
-            evaluation = await asyncio.wait_for(environment.evaluate(submission), self.timeout_s)
+            async with self.slots.hold(grading_cost(environment.settings)):
+                evaluation = await asyncio.wait_for(
+                    environment.evaluate(submission), self.timeout_s
+                )
         except TimeoutError:
             infra = {
                 "kind": "grader_error",

@@ -19,14 +19,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentinfra._journal import Journal
 from agentinfra._settings import Settings
 from agentinfra.agent import EndpointLimiter
 from agentinfra.environments import Evaluation, environment_definition
@@ -42,11 +40,11 @@ from agentinfra.harness import (
     EvaluationRequest,
     LocalExecutor,
     RunDirectory,
-    RunLayout,
     agent_run_spec,
     run_agent,
     trajectory_of,
 )
+from agentinfra.rollouts._slots import GradingSlots, grading_cost
 from agentinfra.rollouts._spec import ROLLOUT_SCHEMA_VERSION, Group
 
 __all__ = [
@@ -56,23 +54,31 @@ __all__ = [
     "read_trajectory",
     "run_groups",
     "run_rollout",
-    "tool_failure_of",
 ]
 
 logger = logging.getLogger(__name__)
 
 
 class SeededExecutor:
-    """Evaluates in this process, every request with the group's hidden ``seed``."""
+    """Evaluates in this process, every request with the group's hidden ``seed``, once ``slots`` has its cores.
+
+    The wait for cores lies between the run's ``grading_started`` and ``graded``, so a
+    trajectory's time split counts it as grading.
+    """
 
     where = "local"
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, slots: GradingSlots | None = None) -> None:
         self._seed = seed
+        self._slots = slots
         self._local = LocalExecutor()
 
     async def evaluate(self, request: EvaluationRequest) -> Evaluation:
-        return await self._local.evaluate(dataclasses.replace(request, seed=self._seed))
+        request = dataclasses.replace(request, seed=self._seed)
+        if self._slots is None:
+            return await self._local.evaluate(request)
+        async with self._slots.hold(grading_cost(request.settings)):
+            return await self._local.evaluate(request)
 
 
 def infra_failure_of(exc: BaseException) -> dict[str, str]:
@@ -128,8 +134,6 @@ def read_trajectory(
         if failure is None and cancelled is None:
             failure = infra_failure_of(exc)
         trajectory = _empty_trajectory(path, group, failure, cancelled)
-    if trajectory.get("infra_failure") is None and failure is None:
-        failure = tool_failure_of(path)
     if trajectory.get("infra_failure") is None and failure is not None:
         trajectory["infra_failure"] = failure
     if trajectory.get("policy_version") is None:
@@ -138,38 +142,6 @@ def read_trajectory(
                              "index": group.rollout_ids.index(path.name)
                              if path.name in group.rollout_ids else None}  # fmt: skip
     return trajectory
-
-
-_INTERNAL_TOOL_ERROR = re.compile(r"error: the tool (\w+) failed inside agentinfra \((\w+): ")
-"""How the loop answers a tool that raised something other than `ToolError` (agentinfra's failure,
-not the model's mistake), as it journals the result; the tool name and exception type follow."""
-_ENVIRONMENT_ERRORS = ("ControllerError", "ChannelClosedError", "ChannelTimeoutError", "SandboxError",
-                       "TaskEnvironmentError", "UidExhaustedError", "ForkServerError")  # fmt: skip
-
-
-def tool_failure_of(path: Path) -> dict[str, str] | None:
-    """The first tool call of the run at ``path`` that failed inside agentinfra (a desktop or jail
-    that died under the episode), as an infra failure; None when there was none.
-
-    The loop keeps a long run going past such a failure (the model is told), so the episode may
-    still end and be graded; its reward is then not the policy's, and the rollout says so.
-    """
-    transcript = RunLayout(path).transcript
-    if not transcript.is_file():
-        return None
-    try:
-        events = Journal.read(transcript)
-    except AgentInfraError:
-        return None
-    for event in events:
-        content = event.data.get("content") if event.type == "tool_result" else None
-        if not event.data.get("is_error") or not isinstance(content, str):
-            continue
-        found = _INTERNAL_TOOL_ERROR.match(content)
-        if found is not None:
-            kind = "environment_died" if found.group(2) in _ENVIRONMENT_ERRORS else "internal"
-            return {"kind": kind, "message": content.removeprefix("error: ")[:2000]}
-    return None
 
 
 def _empty_trajectory(
@@ -197,10 +169,14 @@ async def run_rollout(
     api_key: str,
     limiter: EndpointLimiter,
     eval_workers: int = 1,
+    slots: GradingSlots | None = None,
     cancel_reason: Callable[[], str | None] = lambda: None,
     state: AgentRunState | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) one rollout to its end and returns its trajectory.
+
+    Its gradings take their cores from ``slots``, the pool every rollout of the process
+    shares (None: no bound, for a caller that runs one rollout).
 
     A cancel of the calling task with ``cancel_reason()`` set ends the run (its
     transcript is journalled per call) and returns the partial trajectory labelled
@@ -212,7 +188,7 @@ async def run_rollout(
     run: RunDirectory | None = None
     try:
         run = await asyncio.to_thread(open_rollout_run, root, group, rollout_id, settings)
-        executor = SeededExecutor(group.seed)
+        executor = SeededExecutor(group.seed, slots)
         await run_agent(
             run, api_key=api_key, limiter=limiter, eval_workers=eval_workers, state=state,
             executor=executor,
@@ -246,11 +222,18 @@ async def run_groups(
     concurrency: int,
     on_trajectory: Callable[[dict[str, Any]], None],
     eval_workers: int = 1,
+    grading_slots: int | None = None,
 ) -> int:
     """Runs every rollout of ``groups`` under ``root``, at most ``concurrency`` at once, in group order.
 
-    Each trajectory goes to ``on_trajectory`` as soon as its rollout ends; returns how many did.
+    Their gradings share one pool of ``grading_slots`` cores (`GradingSlots`; None: the
+    machine's CPUs less one). Each trajectory goes to ``on_trajectory`` as soon as its rollout ends;
+    returns how many did.
+
+    Raises:
+        ConfigError: ``grading_slots`` is below 1.
     """
+    slots = GradingSlots(grading_slots)
     gate = asyncio.Semaphore(concurrency)
     limiter = EndpointLimiter(max_in_flight=concurrency)
     done = 0
@@ -261,7 +244,7 @@ async def run_groups(
             try:
                 trajectory = await run_rollout(
                     root, group, rollout_id, settings=settings, api_key=api_key, limiter=limiter,
-                    eval_workers=eval_workers,
+                    eval_workers=eval_workers, slots=slots,
                 )  # fmt: skip
             except Exception as exc:  # agentinfra's own failure: still one labelled trajectory
                 logger.exception("rollout %s", rollout_id)

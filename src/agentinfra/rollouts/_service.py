@@ -55,6 +55,7 @@ from agentinfra.rollouts._book import RolloutBook, RolloutState
 from agentinfra.rollouts._grading import GradeDesk
 from agentinfra.rollouts._orphans import sweep_orphaned_jails
 from agentinfra.rollouts._runner import read_trajectory, run_rollout
+from agentinfra.rollouts._slots import GradingSlots
 from agentinfra.rollouts._spec import Group, GroupRequest, new_group
 
 __all__ = ["PROBE_TTL_S", "RolloutService", "ServiceConfig"]
@@ -91,8 +92,12 @@ class ServiceConfig:
     check_endpoint: bool = True
     """Preflight the trainer's endpoint and model before a group is accepted."""
     eval_workers: int = 1
+    grading_slots: int | None = None
+    """Cores that gradings (the rollouts' and ``POST /v1/grade``'s) may occupy at once; None:
+    the machine's CPUs less one (`GradingSlots`)."""
 
     def __post_init__(self) -> None:
+        GradingSlots(self.grading_slots)  # a bad value is refused here, before anything starts
         for name in ("concurrency", "max_pending", "max_grades_in_flight", "eval_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -141,14 +146,26 @@ class _Metrics:
 
 
 class _StateCollector:
-    def __init__(self, book: RolloutBook) -> None:
+    def __init__(self, book: RolloutBook, slots: GradingSlots) -> None:
         self.book = book
+        self.slots = slots
 
     def collect(self) -> Any:
         family = GaugeMetricFamily("agentinfra_rollouts", "Rollouts by state", labels=["state"])
         for state, count in sorted(self.book.counts().items()):
             family.add_metric([state], count)
         yield family
+        cores = GaugeMetricFamily(
+            "agentinfra_grading_slots",
+            "Cores of the grading pool (--grading-slots)",
+            labels=["state"],
+        )
+        cores.add_metric(["busy"], self.slots.slots - self.slots.free)
+        cores.add_metric(["free"], self.slots.free)
+        yield cores
+        yield GaugeMetricFamily(
+            "agentinfra_gradings_waiting", "Gradings waiting for cores", value=self.slots.waiting
+        )
 
 
 class RolloutService:
@@ -167,14 +184,16 @@ class RolloutService:
         self.api_key_of = api_key_of
         self.on_group_done = on_group_done
         self.book = RolloutBook(config.max_pending, config.concurrency)
+        self.slots = GradingSlots(config.grading_slots)
         self.desk = GradeDesk(
             config.state_dir / "grades", settings, max_in_flight=config.max_grades_in_flight,
-            timeout_s=config.grade_timeout_s, observe=lambda s: self.metrics.grade_s.observe(s),
+            timeout_s=config.grade_timeout_s, slots=self.slots,
+            observe=lambda s: self.metrics.grade_s.observe(s),
         )  # fmt: skip
         self.groups: dict[str, Group] = {}
         self.group_of: dict[str, str] = {}
         self.metrics = _Metrics()
-        self.metrics.registry.register(_StateCollector(self.book))
+        self.metrics.registry.register(_StateCollector(self.book, self.slots))
         self.swept_uids: list[int] = []
         self._limiter = EndpointLimiter(max_in_flight=config.concurrency)
         self._tasks: dict[str, asyncio.Task[dict[str, Any]]] = {}
@@ -324,7 +343,7 @@ class RolloutService:
             task = asyncio.create_task(
                 run_rollout(
                     self.runs_dir, group, rid, settings=self.settings, api_key=api_key,
-                    limiter=self._limiter, eval_workers=self.config.eval_workers,
+                    limiter=self._limiter, eval_workers=self.config.eval_workers, slots=self.slots,
                     cancel_reason=lambda: self._cancel_reasons.get(rid),
                 )
             )  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentinfra.agent import LoopConfig, Transcript
-from agentinfra.errors import AgentError, HarnessError
+from agentinfra.errors import AgentError, HarnessError, TaskEnvironmentError
 from agentinfra.harness import RunDirectory, agent_run_spec, trajectory_of
 
 PROBLEM = (
@@ -123,10 +123,9 @@ def test_prose_only_run_is_no_action_and_failures_are_labelled(tmp_path: Path) -
     assert (
         trajectory_of(run.path, error=AgentError("boom"))["infra_failure"]["kind"] == "model_error"
     )
-    assert (
-        trajectory_of(run.path, error=OSError("desktop gone"))["infra_failure"]["kind"]
-        == "environment_died"
-    )
+    gone = TaskEnvironmentError("desktop gone")
+    assert trajectory_of(run.path, error=gone)["infra_failure"]["kind"] == "environment_died"
+    assert trajectory_of(run.path, error=OSError("bug"))["infra_failure"]["kind"] == "internal"
 
 
 def test_model_failure_and_grader_failure_but_not_a_problem_refusal(tmp_path: Path) -> None:
@@ -165,3 +164,78 @@ def test_not_a_run_with_a_transcript(tmp_path: Path) -> None:
     run.close()
     with pytest.raises(HarnessError, match="no agent transcript"):
         trajectory_of(run.path)
+
+
+def test_tool_time_is_the_loops_own_measure_and_older_transcripts_use_the_stamps(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path)
+    _transcript(run, [
+        _reply(1, None), ("tool_started", {"turn": 1, "call_id": "c1"}),
+        ("tool_result", {"turn": 1, "call_id": "c1", "name": "t", "content": "ok", "is_error": False, "tool_s": 2.25}),
+        _reply(2, None), ("tool_started", {"turn": 2, "call_id": "c2"}),
+        ("tool_result", {"turn": 2, "call_id": "c2", "name": "t", "content": "ok", "is_error": False}),
+        ("stopped", {"reason": "max_turns", "turns": 2}),
+    ])  # fmt: skip
+    run.close()
+    events = Transcript.read(run.layout.transcript)
+    stamped = events[-2].wall_s - events[-3].wall_s  # the call written before tool_s existed
+    assert trajectory_of(run.path)["time"]["tools_s"] == round(2.25 + stamped, 3)
+
+
+def _tool_result(
+    content: str, internal_error: dict[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    data: dict[str, Any] = {"turn": 1, "call_id": "c1", "name": "computer_13", "content": content,
+                            "is_error": True}  # fmt: skip
+    if internal_error is not None:
+        data["internal_error"] = internal_error
+    return ("tool_result", data)
+
+
+def test_a_tool_that_failed_inside_agentinfra_is_an_infra_failure_read_from_its_structured_field(
+    tmp_path: Path,
+) -> None:
+    died = {
+        "kind": "environment_died",
+        "type": "ControllerError",
+        "message": "desktop controller is gone",
+    }
+    run = _run(tmp_path)
+    _transcript(run, [
+        _reply(1, None), _tool_result("error: no such key 'x'"),
+        _tool_result("error: the tool computer_13 failed inside agentinfra (ControllerError: ...)", died),
+        ("stopped", {"reason": "done", "turns": 1}),
+    ])  # fmt: skip
+    _verdict(run, "a" * 64, 1, "failed", None)
+    run.close()
+    t = trajectory_of(run.path)
+    assert t["infra_failure"] == {
+        "kind": "environment_died",
+        "message": "the tool computer_13 failed inside agentinfra (ControllerError: desktop controller is gone)",
+    }
+    assert t["reward"] == 0.0
+
+
+def test_tool_text_alone_is_no_infra_failure_and_unknown_kinds_are_internal(tmp_path: Path) -> None:
+    """Transcripts written before ``internal_error`` read as before; the text is never parsed."""
+    old = _run(tmp_path / "old")
+    _transcript(old, [_reply(1, None),
+                      _tool_result("error: the tool computer_13 failed inside agentinfra (ControllerError: gone)"),
+                      ("stopped", {"reason": "done", "turns": 1})])  # fmt: skip
+    old.close()
+    assert trajectory_of(old.path)["infra_failure"] is None
+    odd = _run(tmp_path / "odd")
+    _transcript(odd, [_reply(1, None), _tool_result("error: x", {"kind": "weird", "type": "KeyError",
+                                                                 "message": "'x'"})])  # fmt: skip
+    odd.close()
+    assert trajectory_of(odd.path)["infra_failure"]["kind"] == "internal"
+
+
+def test_the_callers_harness_error_is_internal(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    _transcript(run, [_reply(1, None), ("stopped", {"reason": "done", "turns": 1})])
+    run.close()
+    assert (
+        trajectory_of(run.path, error=HarnessError("disk"))["infra_failure"]["kind"] == "internal"
+    )
