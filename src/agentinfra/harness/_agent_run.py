@@ -240,6 +240,14 @@ async def run_agent(
         stop.set()
         with contextlib.suppress(asyncio.CancelledError):
             await serving
+        # The harness leaves its loop on the run's budget, which it counts from the run's creation:
+        # it can end before the agent, and a submission made at close (a desktop's final state)
+        # would then wait in the queue with no worker. Not on cancellation: nothing waits then.
+        task = asyncio.current_task()
+        if set(harness.state.received) - set(harness.state.graded) and not (
+            task is not None and task.cancelling()
+        ):
+            await harness.drain()
         await client.close()
         transcript.close()
     state.outcome = outcome
