@@ -579,3 +579,38 @@ def test_first_call_to_a_server_still_starting_is_retried(tmp_path: Path) -> Non
     assert done.message["content"] == "up"
     assert retries  # the refused connections were retried, not fatal
     assert all(status is None for _, status in retries)
+
+
+def test_a_submission_made_at_close_is_graded_after_the_budget_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness leaves on the run's budget before the agent stops; what the environment submits
+    at close (a desktop's final state does) is still graded before the run ends."""
+    import dataclasses
+
+    from agentinfra.environments import Submission
+    from agentinfra.environments.kernels._environment import KernelEnvironment
+    from agentinfra.harness._journal import Journal
+
+    plain_setup = KernelEnvironment.agent_setup
+
+    def with_close(self: KernelEnvironment, workspace: Path, hooks: Any) -> Any:
+        async def close() -> None:
+            await hooks.submit(Submission(HONEST.encode(), name="final.py"))
+
+        return dataclasses.replace(plain_setup(self, workspace, hooks), close=close)
+
+    monkeypatch.setattr(KernelEnvironment, "agent_setup", with_close)
+
+    def slow(body: dict[str, Any]) -> Reply:
+        return Reply(content="thinking about it", delay_s=2.5)
+
+    with ScriptedModelServer(slow, models=[MODEL]) as server:
+        config = LoopConfig(model=MODEL, base_url=server.base_url, max_turns=1, wall_hours=1 / 3600)
+        spec = agent_run_spec("late", PROBLEM, config, KernelSettings(), environment="kernels")
+        run = RunDirectory.create(tmp_path / "late", spec, grader_version="1.0.0")
+        asyncio.run(run_agents([run], api_key="test-key", concurrency=1, limiter=EndpointLimiter()))
+        run.close()
+    types = [e.type for e in Journal.read(tmp_path / "late" / "journal.jsonl")]
+    assert types.index("run_finished") < types.index("submission_received")  # left on its budget
+    assert types.count("graded") == 1
