@@ -1,4 +1,5 @@
-"""Service fixtures: real `redis-server` processes on loopback ports (`.ci/run` installs Redis)."""
+"""Service fixtures: real `redis-server` processes on loopback ports (`.ci/run` installs Redis), and
+one SmolLM2 vLLM server shared by every test that needs a plain served model."""
 
 from __future__ import annotations
 
@@ -9,6 +10,23 @@ from pathlib import Path
 
 import pytest
 from services import free_cluster_port, free_port, start_redis, stop
+
+
+@pytest.fixture(scope="session")
+def smollm2_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The base URL of SmolLM2-135M-Instruct served by vLLM (`make smollm2`), started once per session.
+
+    Served as `agentinfra.engines.SMOLLM2_NAME` with the Hermes tool parser and no KV connector;
+    tests that need another configuration start their own server.
+    """
+    from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
+
+    model = smollm2_dir(check=False)
+    if not model.is_dir():
+        pytest.skip(f"{model} missing: run `make smollm2`")
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VllmServer(model, log=log, served_name=SMOLLM2_NAME) as server:
+        yield server.base_url
 
 
 @pytest.fixture

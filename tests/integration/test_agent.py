@@ -450,7 +450,7 @@ def test_many_runs_share_one_loop(tmp_path: Path) -> None:
 
 @pytest.fixture
 def live_endpoint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[str, str, str]]:
     """``(url, model, key_env)``: LIVE_MODEL_URL/LIVE_MODEL_NAME/LIVE_MODEL_KEY_ENV when set, else the real
     SmolLM2-135M-Instruct served here by vLLM (`make smollm2`; that is what CI runs against)."""
@@ -458,16 +458,10 @@ def live_endpoint(
         yield (os.environ["LIVE_MODEL_URL"], os.environ["LIVE_MODEL_NAME"],
                os.environ.get("LIVE_MODEL_KEY_ENV", "OPENAI_API_KEY"))  # fmt: skip
         return
-    from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
+    from agentinfra.engines import SMOLLM2_NAME
 
-    model = smollm2_dir(check=False)
-    if not model.is_dir():
-        pytest.skip(
-            f"set LIVE_MODEL_URL, LIVE_MODEL_NAME and LIVE_MODEL_KEY_ENV, or run `make smollm2` ({model})"
-        )
     monkeypatch.setenv("AGENTINFRA_LOCAL_MODEL_KEY", "unused")
-    with VllmServer(model, log=tmp_path / "vllm.log", served_name=SMOLLM2_NAME) as server:
-        yield server.base_url, SMOLLM2_NAME, "AGENTINFRA_LOCAL_MODEL_KEY"
+    yield request.getfixturevalue("smollm2_vllm"), SMOLLM2_NAME, "AGENTINFRA_LOCAL_MODEL_KEY"
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,16 +201,9 @@ def check_segments_by_construction(trajectory: dict[str, Any]) -> None:
         assert first[: len(before)] != before  # a real break
 
 
-@pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from agentinfra.engines import SMOLLM2_NAME, VllmServer, smollm2_dir
-
-    model = smollm2_dir(check=False)
-    if not model.is_dir():
-        pytest.skip(f"{model} missing: run `make smollm2`")
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with VllmServer(model, log=log, served_name=SMOLLM2_NAME) as server:
-        yield server.base_url
+@pytest.fixture
+def vllm(smollm2_vllm: str) -> str:
+    return smollm2_vllm
 
 
 def _run_cli(base_url: str, runs: Path, *extra: str, tasks: str = str(PROBLEM)) -> list[Path]:

@@ -5,6 +5,7 @@ The allowed direction (docs/architecture.md): shared modules (the package root,
 modules; `sandbox` imports none, and of the shared modules only `errors` (its
 exception tree); `engines` may use `kvcache`; `environments` may use `agent` and
 `sandbox`; `harness` uses `environments` and `agent`; `rollouts` uses `harness` and what it uses;
+`trainers` uses `rollouts` and what it uses;
 `cli` uses everything.
 Nothing in src/ but `cli` imports `engines`.
 
@@ -34,8 +35,18 @@ ALLOWED: dict[str, set[str]] = {
     "environments": {"agent", "sandbox"},
     "harness": {"environments", "agent", "sandbox"},
     "rollouts": {"harness", "environments", "agent", "sandbox"},
+    "trainers": {"rollouts", "harness", "environments", "agent", "sandbox"},
     "engines": {"kvcache"},
-    "cli": {"kvcache", "engines", "agent", "environments", "harness", "rollouts", "sandbox"},
+    "cli": {
+        "kvcache",
+        "engines",
+        "agent",
+        "environments",
+        "harness",
+        "rollouts",
+        "trainers",
+        "sandbox",
+    },
 }
 RELOCATED = {"agentinfra.kvcache.vllm": "agentinfra.engines.vllm"}
 """Modules kept at an old path for compatibility -> the module they alias (its component is theirs)."""

@@ -279,6 +279,7 @@ EXPECTED: dict[str, list[str]] = {
         "sandbox_processes",
         "sweep_orphaned_jails",
     ],
+    "agentinfra.trainers": [],
     "agentinfra.sandbox": [
         "ForkServer",
         "ForkedProcess",
