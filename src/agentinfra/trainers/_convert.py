@@ -174,7 +174,7 @@ async def wait_rollout(
                 await _cancel_quietly(client, rollout_id, "timed out at the trainer")
                 raise RolloutError(
                     f"rollout {rollout_id} did not finish within {timeout_s} s "
-                    "(raise the adapter's rollout timeout)"
+                    "(raise agentinfra_timeout_s for slime, SkyRLSettings.timeout_s for SkyRL)"
                 )
             answer = await client.rollout(rollout_id, wait_s=left)
             if answer.get("state") == "finished" and answer.get("trajectory") is not None:

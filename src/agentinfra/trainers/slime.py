@@ -32,6 +32,8 @@ import asyncio
 import copy
 import importlib
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,7 +186,7 @@ async def generate(
     settings = SlimeSettings.from_args(args)
     request = _group_request(args, sample, sampling_params, settings)
     async with client_factory(settings) as client:
-        rollout_id = await _BROKER.claim(
+        rollout_id = await _broker().claim(
             _group_key(sample, request), request["group_size"],
             lambda: client.submit_group(request, retry_for_s=settings.submit_retry_s),
         )  # fmt: skip
@@ -223,18 +225,24 @@ def _group_key(sample: Any, request: dict[str, Any]) -> tuple[object, ...]:
     return ("group", sample.group_index, request["environment"], request["task"])
 
 
+_OPEN_GROUP_TTL_S = 3600.0
+"""An open group not fully claimed after this long is forgotten (its samples never all came)."""
+
+
 @dataclass(slots=True)
 class _OpenGroup:
-    submission: Awaitable[dict[str, Any]]
+    submission: asyncio.Future[dict[str, Any]]
+    opened_at: float
     claimed: int = 0
 
 
 class _GroupBroker:
     """Gives the samples of one slime group the rollouts of one agentinfra group, in arrival order.
 
-    Single event loop, no lock: between two awaits the claim is atomic. A group whose
+    One per event loop, no lock: between two awaits the claim is atomic. A group whose
     rollouts are all claimed is forgotten, so a later re-run of the same ``group_index``
-    (slime re-queues aborted samples) submits a new group.
+    (slime re-queues aborted samples) submits a new group; one left partly claimed is
+    forgotten after `_OPEN_GROUP_TTL_S`.
     """
 
     def __init__(self) -> None:
@@ -246,9 +254,12 @@ class _GroupBroker:
         size: int,
         submit: Callable[[], Awaitable[dict[str, Any]]],
     ) -> str:
+        now = time.monotonic()
+        for stale in [k for k, e in self._open.items() if now - e.opened_at > _OPEN_GROUP_TTL_S]:
+            del self._open[stale]
         entry = self._open.get(key)
         if entry is None:
-            entry = _OpenGroup(asyncio.ensure_future(submit()))
+            entry = _OpenGroup(asyncio.ensure_future(submit()), opened_at=now)
             self._open[key] = entry
         position = entry.claimed
         entry.claimed += 1
@@ -263,7 +274,13 @@ class _GroupBroker:
         return str(answer["rollout_ids"][position])
 
 
-_BROKER = _GroupBroker()
+_BROKERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _GroupBroker] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _broker() -> _GroupBroker:
+    return _BROKERS.setdefault(asyncio.get_running_loop(), _GroupBroker())
 
 
 def samples_of(
