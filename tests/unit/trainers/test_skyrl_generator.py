@@ -4,7 +4,9 @@ SkyRL 0.4.0 on PyPI needs Python >= 3.12 (agentinfra runs 3.11), so its types ar
 here field for field from ``skyrl/train/generators/base.py`` of the PyPI wheel
 ``skyrl-0.4.0-py3-none-any.whl`` (sha256 7f95dad6...c6ee9; the file's sha256 7c28ca7a...f2e5),
 which is NovaSky-AI/SkyRL commit a9564572eb8e91076be43c1bd5e4615e3de17265 plus
-``rollout_sample_support``. The invariants checked are those SkyRL's trainer asserts in
+``rollout_sample_support``; `test_the_mirror_is_the_published_wheels_types` compares the
+mirror with that file in the wheel (``make skyrl-wheel`` downloads it; it is parsed, never
+imported). The invariants checked are those SkyRL's trainer asserts in
 ``validate_generator_output`` and ``_validate_step_wise_fields``
 (``skyrl/train/utils/trainer_utils.py``): one row per prompt unless step-wise, every list
 field as long as ``response_ids``, per-row lengths that agree, rewards all floats or all
@@ -15,9 +17,12 @@ The trajectories are real (tests/fixtures/trajectories/README.md).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import copy
 import json
+import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, TypedDict, Union, get_type_hints
@@ -92,6 +97,42 @@ GENERATOR_OUTPUT_FIELDS = [
     "is_last_step", "env_metrics", "pixel_values", "image_grid_thw",
 ]  # fmt: skip
 """``GeneratorOutput``'s keys in declaration order, read off the 0.4.0 wheel."""
+
+
+WHEEL_DIR = Path(sys.prefix) / "skyrl"
+"""Where ``make skyrl-wheel`` puts skyrl 0.4.0's wheel (downloaded, not installed)."""
+
+
+def published_classes() -> dict[str, dict[str, str]]:
+    """Each class of the wheel's ``skyrl/train/generators/base.py``: field -> annotation text (parsed, not run)."""
+    wheels = sorted(WHEEL_DIR.glob("skyrl-0.4.0-*.whl"))
+    if not wheels:
+        pytest.skip(f"no skyrl 0.4.0 wheel in {WHEEL_DIR}: run `make skyrl-wheel`")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        tree = ast.parse(wheel.read("skyrl/train/generators/base.py").decode())
+    return {
+        node.name: {item.target.id: ast.unparse(item.annotation) for item in node.body
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+        for node in tree.body if isinstance(node, ast.ClassDef)
+    }  # fmt: skip
+
+
+def spelled_as_skyrl(annotation: str) -> str:
+    return (
+        annotation.replace("list[", "List[")
+        .replace("dict[", "Dict[")
+        .replace("Tensor", "torch.Tensor")
+    )
+
+
+def test_the_mirror_is_the_published_wheels_types() -> None:
+    published = published_classes()
+    for mirror in (GeneratorInput, GeneratorOutput, TrajectoryID, BatchMetadata):
+        ours = {name: spelled_as_skyrl(getattr(text, "__forward_arg__", str(text)))
+                for name, text in mirror.__annotations__.items()}  # fmt: skip
+        ours = {n: t.replace("Literal['train', 'eval']", "TrainingPhase") for n, t in ours.items()}
+        assert ours == published[mirror.__name__], mirror.__name__
+    assert list(published["GeneratorOutput"]) == GENERATOR_OUTPUT_FIELDS
 
 
 def test_the_mirror_has_skyrls_fields_in_order() -> None:
