@@ -334,8 +334,13 @@ def test_an_infra_failure_masks_its_whole_prompt_as_skyrl_does() -> None:
             assert output["stop_reasons"][row] == "error"
             assert output["env_metrics"][row]["agentinfra_untrainable"]
         reasons = [output["env_metrics"][r]["agentinfra_untrainable"] for r in masked]
-        assert "infra_failure:cancelled" in reasons
-        assert "infra_failure:model_error" in reasons
+        assert reasons == [
+            "infra_failure:cancelled",
+            "group_member_infra_failure:cancelled",  # its own rollout ran out, with exact ids
+            "infra_failure:model_error",
+        ]
+        assert cancelled_group[1]["tokens"] == "exact"
+        assert cancelled_group[1]["segments"]
         for row in (2, 3):
             segment_rows_match(row, output, kernels[row - 2], 0)
         metrics = output["rollout_metrics"]
