@@ -21,15 +21,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agentinfra.errors import RolloutError
 
 __all__ = [
     "RolloutSource",
     "SegmentSplit",
+    "gather_or_cancel",
     "run_group",
     "trainable_segments",
     "untrainable_reason",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _POLL_S = 240.0
 """One long poll of ``GET /v1/rollouts/{id}`` (the service caps a wait at 300 s)."""
@@ -155,7 +158,20 @@ async def run_group(
     """
     answer = await client.submit_group(dict(request), retry_for_s=submit_retry_s)
     rollout_ids = [str(r) for r in answer["rollout_ids"]]
-    return list(await asyncio.gather(*(wait_rollout(client, r, timeout_s) for r in rollout_ids)))
+    return await gather_or_cancel([wait_rollout(client, r, timeout_s) for r in rollout_ids])
+
+
+async def gather_or_cancel(awaitables: Sequence[Awaitable[T]]) -> list[T]:
+    """Every result in order; when one raises, the others are cancelled (each cancels its
+    rollout at the service) before the first error is raised."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def wait_rollout(

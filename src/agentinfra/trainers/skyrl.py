@@ -29,7 +29,6 @@ nobody earned and the group's statistics never see it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Any
 from agentinfra.errors import ConfigError
 from agentinfra.trainers._convert import (
     SegmentSplit,
+    gather_or_cancel,
     run_group,
     trainable_segments,
     untrainable_reason,
@@ -140,11 +140,11 @@ class AgentinfraGenerator:
         prompts = _prompts_of(input_batch)
         trajectories: list[dict[str, Any]] = [{} for _ in input_batch["prompts"]]
         async with self._client_factory(self.settings) as client:
-            groups = await asyncio.gather(
-                *(run_group(client, self._request(p, input_batch),
-                            submit_retry_s=self.settings.submit_retry_s,
-                            timeout_s=self.settings.timeout_s) for p in prompts)
-            )  # fmt: skip
+            groups = await gather_or_cancel([
+                run_group(client, self._request(p, input_batch),
+                          submit_retry_s=self.settings.submit_retry_s,
+                          timeout_s=self.settings.timeout_s) for p in prompts
+            ])  # fmt: skip
         for prompt, group in zip(prompts, groups, strict=True):
             for row, trajectory in zip(prompt.rows, group, strict=True):
                 trajectories[row] = trajectory

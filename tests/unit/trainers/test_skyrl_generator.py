@@ -29,7 +29,7 @@ from typing import Any, Literal, Optional, TypedDict, Union, get_type_hints
 
 import pytest
 
-from agentinfra.errors import ConfigError
+from agentinfra.errors import ConfigError, RolloutError
 from agentinfra.trainers.skyrl import AgentinfraGenerator, SkyRLSettings
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "trajectories"
@@ -366,3 +366,41 @@ def test_settings_refuse_what_the_generator_sets() -> None:
         SkyRLSettings(url="http://x", base_url="http://y/v1", model="m", request={"group_size": 4})
     with pytest.raises(ConfigError, match="timeout_s=0"):
         SkyRLSettings(url="http://x", base_url="http://y/v1", model="m", timeout_s=0)
+
+
+class RefusingService(FakeService):
+    """Runs the first group forever and refuses the second (a 429 that outlasted the retries)."""
+
+    def __init__(self, groups: list[list[dict[str, Any]]]) -> None:
+        super().__init__(groups)
+        self.cancelled: list[str] = []
+
+    async def submit_group(
+        self, request: dict[str, Any], *, retry_for_s: float = 0.0
+    ) -> dict[str, Any]:
+        if self.submitted:
+            await asyncio.sleep(0.05)
+            raise RolloutError("429: the queue is full", status=429, retry_after_s=30.0)
+        return await super().submit_group(request, retry_for_s=retry_for_s)
+
+    async def rollout(self, rollout_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        await asyncio.sleep(wait_s)
+        return {"rollout_id": rollout_id, "state": "running", "trajectory": None}
+
+    async def cancel(self, rollout_id: str, reason: str = "stale policy") -> dict[str, Any]:
+        self.cancelled.append(rollout_id)
+        return {"rollout_id": rollout_id, "state": "finished"}
+
+
+def test_a_refused_group_cancels_the_batchs_rollouts_in_flight() -> None:
+    kernels, desktop = load("kernels_truncated.jsonl"), load("desktop_rerender.jsonl")
+    service = RefusingService([kernels, desktop])
+    settings = SkyRLSettings(url="http://x", base_url="http://y/v1", model="m")
+    generator = AgentinfraGenerator(settings, client_factory=service.client)
+
+    async def main() -> list[str]:
+        with pytest.raises(RolloutError, match="429"):
+            await generator.generate(dict(batch([kernels, desktop])))
+        return list(service.cancelled)  # before the loop's shutdown would cancel leftovers
+
+    assert sorted(asyncio.run(main())) == sorted(t["run_id"] for t in kernels)
