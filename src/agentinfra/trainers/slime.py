@@ -22,8 +22,9 @@ begins, and the trusted reward (split ``reward / K`` over K segments by default,
 docs suggest). A rollout that cannot be trained on (an infra failure, or no engine ids)
 comes back as one placeholder `Sample` with ``remove_sample`` set and its loss mask zero,
 the pattern of slime's ``examples/coding_agent_rl/generate.py``: ``aborted`` when it was
-cancelled, ``failed`` otherwise. slime's ``Sample`` is imported at call time; nothing
-here needs slime to import.
+cancelled, ``failed`` otherwise. Leave ``--group-rm`` off: it would recompute every
+group's rewards over agentinfra's trusted ones. slime's ``Sample`` is imported at call
+time; nothing here needs slime to import.
 """
 
 from __future__ import annotations
