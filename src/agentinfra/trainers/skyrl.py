@@ -9,7 +9,9 @@ Input: row ``i`` is one trajectory of environment ``env_classes[i]`` (an agentin
 environment name: ``kernels``, ``desktop``) on the task file ``env_extras[i]["task"]``.
 Rows that share ``trajectory_ids[i].instance_id`` become the G rollouts of one agentinfra
 group (one hidden grading seed); the policy version is ``step-<global_step>`` from
-``batch_metadata``.
+``batch_metadata``; the per-call token limit is ``sampling_params["max_tokens"]`` (SkyRL's
+``max_generate_length``). Other sampling parameters are the endpoint's and the agent
+profile's (decision 0023).
 
 Output (docs/trajectory.md, "Mappings to trainers' types"): the engine's ids, loss masks
 and logprobs, cut where each segment's first engine-sampled token begins; ``rewards`` are
@@ -153,7 +155,7 @@ class AgentinfraGenerator:
     def _request(self, prompt: _Prompt, input_batch: dict[str, Any]) -> dict[str, Any]:
         metadata = input_batch.get("batch_metadata")
         step = getattr(metadata, "global_step", None)
-        return {
+        request = {
             "environment": prompt.environment,
             "task": prompt.task,
             "group_size": len(prompt.rows),
@@ -162,6 +164,11 @@ class AgentinfraGenerator:
             "policy_version": f"step-{step}" if step is not None else None,
             **self.settings.request,
         }
+        sampling = input_batch.get("sampling_params") or {}
+        limit = sampling.get("max_tokens") or sampling.get("max_generate_length")
+        if limit and "max_output_tokens" not in request:
+            request["max_output_tokens"] = int(limit)
+        return request
 
     def _output(
         self,

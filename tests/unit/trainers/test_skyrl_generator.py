@@ -224,7 +224,9 @@ class FakeService:
         raise AssertionError("nothing is cancelled here")
 
 
-def batch(groups: list[list[dict[str, Any]]], *, step: int = 3) -> GeneratorInput:
+def batch(
+    groups: list[list[dict[str, Any]]], *, step: int = 3, sampling: dict[str, Any] | None = None
+) -> GeneratorInput:
     prompts, envs, extras, ids = [], [], [], []
     for n, group in enumerate(groups):
         for repetition, trajectory in enumerate(group):
@@ -232,18 +234,18 @@ def batch(groups: list[list[dict[str, Any]]], *, step: int = 3) -> GeneratorInpu
             envs.append(trajectory["environment"])
             extras.append({"task": f"/tasks/{trajectory['task']}"})
             ids.append(TrajectoryID(instance_id=f"p{n}", repetition_id=repetition))
-    return GeneratorInput(prompts=prompts, env_classes=envs, env_extras=extras, sampling_params=None,
+    return GeneratorInput(prompts=prompts, env_classes=envs, env_extras=extras, sampling_params=sampling,
                           trajectory_ids=ids, batch_metadata=BatchMetadata(step, "train"))  # fmt: skip
 
 
 def generate(
-    groups: list[list[dict[str, Any]]], *, step_wise: bool
+    groups: list[list[dict[str, Any]]], *, step_wise: bool, sampling: dict[str, Any] | None = None
 ) -> tuple[dict[str, Any], FakeService]:
     service = FakeService(groups)
     settings = SkyRLSettings(url="http://127.0.0.1:7490", base_url="http://127.0.0.1:8000/v1",
                              model="smol", step_wise=step_wise, request={"max_turns": 5})  # fmt: skip
     generator = AgentinfraGenerator(settings, client_factory=service.client)
-    output = asyncio.run(generator.generate(dict(batch(groups))))
+    output = asyncio.run(generator.generate(dict(batch(groups, sampling=sampling))))
     return output, service
 
 
@@ -277,13 +279,13 @@ def segment_rows_match(
 
 def test_one_row_per_trajectory_with_the_engines_tokens_and_rewards() -> None:
     kernels, desktop = load("kernels_truncated.jsonl"), load("desktop_rerender.jsonl")
-    output, service = generate([kernels, desktop], step_wise=False)
+    output, service = generate([kernels, desktop], step_wise=False, sampling={"max_tokens": 48})
     check_output(output, num_prompts=4, step_wise=False)
     assert [r["group_size"] for r in service.submitted] == [2, 2]
     assert service.submitted[0] == {
         "environment": "kernels", "task": f"/tasks/{kernels[0]['task']}", "group_size": 2,
         "model": "smol", "base_url": "http://127.0.0.1:8000/v1", "policy_version": "step-3",
-        "max_turns": 5,
+        "max_turns": 5, "max_output_tokens": 48,
     }  # fmt: skip
     for row, trajectory in enumerate(kernels + desktop):
         segment_rows_match(row, output, trajectory, len(trajectory["segments"]) - 1)
