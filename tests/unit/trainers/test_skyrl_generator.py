@@ -406,3 +406,18 @@ def test_a_refused_group_cancels_the_batchs_rollouts_in_flight() -> None:
         return list(service.cancelled)  # before the loop's shutdown would cancel leftovers
 
     assert sorted(asyncio.run(main())) == sorted(t["run_id"] for t in kernels)
+
+
+def test_step_wise_rows_of_a_three_segment_kernels_rollout() -> None:
+    cancelled, sibling = (copy.deepcopy(t) for t in load("service_cancelled_segments.jsonl"))
+    masked, _ = generate([[cancelled, sibling]], step_wise=True)
+    check_output(masked, num_prompts=2, step_wise=True)
+    assert masked["loss_masks"] == [[0], [0]]  # the cancel masks the whole prompt
+    cancelled["infra_failure"] = None  # as if it had not been cancelled: three real segments
+    output, _ = generate([[cancelled, sibling]], step_wise=True)
+    check_output(output, num_prompts=2, step_wise=True)
+    assert output["is_last_step"] == [False, False, True, True]
+    for row in range(3):
+        segment_rows_match(row, output, cancelled, row)
+    segment_rows_match(3, output, sibling, 0)
+    assert output["stop_reasons"][:3] == ["length", "length", "stop"]

@@ -438,3 +438,34 @@ def test_without_slime_the_error_says_where_to_run_it() -> None:
         ConfigError, match=r"slime is not importable.*--custom-generate-function-path"
     ):
         asyncio.run(adapter.generate(slime_args(), slime_sample(), {}))
+
+
+def test_a_cancelled_rollout_with_exact_ids_is_still_masked_not_trained(
+    slime_types: type[Sample],
+) -> None:
+    cancelled, sibling = load("service_cancelled_segments.jsonl")
+    assert cancelled["tokens"] == "exact"
+    assert len(cancelled["segments"]) == 3
+    (out,) = adapter.samples_of(cancelled, slime_sample(), slime_types)
+    assert out.status is Sample.Status.ABORTED
+    assert out.remove_sample is True
+    assert out.loss_mask == [0]
+    (kept,) = adapter.samples_of(sibling, slime_sample(index=5), slime_types)
+    check_sample(kept)
+    assert kept.tokens == sibling["segments"][0]["token_ids"]
+
+
+def test_each_segment_gets_the_status_of_its_last_call(slime_types: type[Sample]) -> None:
+    trajectory = copy.deepcopy(load("service_cancelled_segments.jsonl")[0])
+    trajectory["infra_failure"] = None  # as if it had not been cancelled: three real segments
+    samples = adapter.samples_of(trajectory, slime_sample(index=9), slime_types)
+    assert [s.status for s in samples] == [
+        Sample.Status.TRUNCATED, Sample.Status.TRUNCATED, Sample.Status.COMPLETED]  # fmt: skip
+    assert {s.rollout_id for s in samples} == {9}
+    for out, segment in zip(samples, trajectory["segments"], strict=True):
+        check_sample(out)
+        assert out.tokens == segment["token_ids"]
+        response = out.tokens[-out.response_length :]
+        assert [
+            t for t, m in zip(response, out.loss_mask or [], strict=True) if m
+        ] == engine_sampled(trajectory, segment["calls"])
