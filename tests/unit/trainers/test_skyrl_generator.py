@@ -6,7 +6,8 @@ here field for field from ``skyrl/train/generators/base.py`` of the PyPI wheel
 which is NovaSky-AI/SkyRL commit a9564572eb8e91076be43c1bd5e4615e3de17265 plus
 ``rollout_sample_support``; `test_the_mirror_is_the_published_wheels_types` compares the
 mirror with that file in the wheel (``make skyrl-wheel`` downloads it; it is parsed, never
-imported). The invariants checked are those SkyRL's trainer asserts in
+imported), and `check_output` also runs SkyRL's own ``validate_generator_output`` from
+that wheel on every output. The invariants checked are those SkyRL's trainer asserts in
 ``validate_generator_output`` and ``_validate_step_wise_fields``
 (``skyrl/train/utils/trainer_utils.py``): one row per prompt unless step-wise, every list
 field as long as ``response_ids``, per-row lengths that agree, rewards all floats or all
@@ -20,13 +21,18 @@ from __future__ import annotations
 import ast
 import asyncio
 import copy
+import functools
 import json
+import logging
+import re
 import sys
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, TypedDict, Union, get_type_hints
 
+import numpy
 import pytest
 
 from agentinfra.errors import ConfigError, RolloutError
@@ -125,6 +131,43 @@ def spelled_as_skyrl(annotation: str) -> str:
     )
 
 
+@functools.cache
+def skyrl_validator() -> Callable[..., None] | None:
+    """SkyRL's own ``validate_generator_output`` (with the two helpers it calls), taken from
+    the wheel's ``skyrl/train/utils/trainer_utils.py`` and run here; None without the wheel.
+
+    The module itself imports ray, torch and loguru, so only those three functions are
+    compiled, with numpy and a logger as their globals.
+    """
+    wheels = sorted(WHEEL_DIR.glob("skyrl-0.4.0-*.whl"))
+    if not wheels:
+        return None
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        source = wheel.read("skyrl/train/utils/trainer_utils.py").decode()
+        support = wheel.read("skyrl/backends/skyrl_train/utils/sample_support.py").decode()
+    wanted = {
+        "validate_generator_output",
+        "_validate_step_wise_fields",
+        "_validate_per_token_side_channels",
+    }
+    functions = [
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name in wanted
+    ]
+    assert {f.name for f in functions} == wanted
+    field = re.search(r'^SAMPLE_SUPPORT_FIELD = "(\w+)"', support, re.MULTILINE)
+    assert field is not None
+    namespace: dict[str, Any] = {"np": numpy, "logger": logging.getLogger("skyrl"),
+                                 "GeneratorOutput": dict, "SAMPLE_SUPPORT_FIELD": field.group(1)}  # fmt: skip
+    exec(
+        compile(
+            ast.Module(body=functions, type_ignores=[]), "skyrl-0.4.0/trainer_utils.py", "exec"
+        ),
+        namespace,
+    )
+    validator: Callable[..., None] = namespace["validate_generator_output"]
+    return validator
+
+
 def test_the_mirror_is_the_published_wheels_types() -> None:
     published = published_classes()
     for mirror in (GeneratorInput, GeneratorOutput, TrajectoryID, BatchMetadata):
@@ -142,7 +185,11 @@ def test_the_mirror_has_skyrls_fields_in_order() -> None:
 
 
 def check_output(output: dict[str, Any], *, num_prompts: int, step_wise: bool) -> None:
-    """SkyRL's invariants on a ``GeneratorOutput``, and each field's type."""
+    """SkyRL's invariants on a ``GeneratorOutput`` (SkyRL's own validator too, when the wheel is
+    there), and each field's type."""
+    validator = skyrl_validator()
+    if validator is not None:
+        validator(num_prompts, output, step_wise=step_wise)
     assert list(output) == GENERATOR_OUTPUT_FIELDS
     rows = len(output["response_ids"])
     assert rows > 0
@@ -421,3 +468,16 @@ def test_step_wise_rows_of_a_three_segment_kernels_rollout() -> None:
         segment_rows_match(row, output, cancelled, row)
     segment_rows_match(3, output, sibling, 0)
     assert output["stop_reasons"][:3] == ["length", "length", "stop"]
+
+
+def test_skyrls_own_validator_runs_and_refuses_a_bad_row() -> None:
+    validator = skyrl_validator()
+    if validator is None:
+        pytest.skip(f"no skyrl 0.4.0 wheel in {WHEEL_DIR}: run `make skyrl-wheel`")
+    output, _ = generate([load("kernels_truncated.jsonl")], step_wise=False)
+    validator(2, output, step_wise=False)
+    output["loss_masks"][1] = output["loss_masks"][1][:-1]
+    with pytest.raises(
+        AssertionError, match="Response ids and loss masks must have the same length"
+    ):
+        validator(2, output, step_wise=False)
