@@ -36,6 +36,9 @@ def load(name: str) -> list[dict[str, Any]]:
 
 
 # --- the mirror of slime's types (slime/utils/types.py @ 624b824a) ---------------------------
+# Annotations are slime's text exactly (checked with ast against that file when this was written).
+
+torch = types.SimpleNamespace(Tensor=list)  # slime's tensors; annotations only
 
 
 @dataclass
@@ -62,7 +65,7 @@ class Sample:
     multimodal_inputs: dict[str, Any] | None = None
     multimodal_train_inputs: dict[str, Any] | None = None
     multimodal_train_input_id: str | None = None
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
     response: str = ""
     response_length: int = 0
     label: str | None = None
@@ -70,9 +73,9 @@ class Sample:
     loss_mask: list[int] | None = None
     weight_versions: list[str] = field(default_factory=list)
     rollout_log_probs: list[float] | None = None
-    rollout_top_p_token_ids: list[int] | None = None
-    rollout_top_p_token_offsets: list[int] | None = None
-    rollout_routed_experts: list[list[int]] | None = None
+    rollout_top_p_token_ids: list[int] | torch.Tensor | None = None
+    rollout_top_p_token_offsets: list[int] | torch.Tensor | None = None
+    rollout_routed_experts: list[list[int]] | torch.Tensor | None = None
     remove_sample: bool = False
     teacher_log_probs: list[float] | None = None
 
@@ -84,10 +87,10 @@ class Sample:
         FAILED = "failed"
 
     status: Status = Status.PENDING
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict = field(default_factory=dict)
     generate_function_path: str | None = None
     custom_rm_path: str | None = None
-    train_metadata: dict[str, Any] | None = None
+    train_metadata: dict | None = None
     session_id: str | None = None
     non_generation_time: float = 0.0
     spec_info: SpecInfo = field(default_factory=SpecInfo)
