@@ -25,8 +25,8 @@ SkyRL's step-wise docs require; without it a trajectory is one row, its last seg
 Infra failures follow SkyRL's Harbor generator (``examples/train_integrations/harbor/
 harbor_generator.py``): when any rollout of a prompt cannot be trained on (an infra failure,
 or no engine ids), every row of that prompt becomes a placeholder (ids ``[0]``, loss mask
-``[0]``, reward 0.0, stop reason ``error``), so no advantage is computed from a reward
-nobody earned and the group's statistics never see it.
+``[0]``, reward 0.0, stop reason ``error``): the prompt's group is all zeros, so it yields
+no advantage and no gradient, and a reward nobody earned never enters a group's mean.
 """
 
 from __future__ import annotations
