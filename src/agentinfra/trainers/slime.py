@@ -4,7 +4,9 @@ Use it with slime's ``--custom-generate-function-path agentinfra.trainers.slime.
 (signature ``async def generate(args, sample, sampling_params) -> Sample | list[Sample]``,
 slime ``docs/en/get_started/customization.md``), and, to keep infra failures out of
 group statistics, ``--dynamic-sampling-filter-path
-agentinfra.trainers.slime.drop_groups_with_infra_failures``.
+agentinfra.trainers.slime.drop_groups_with_infra_failures``; when a rollout can come back in
+several segments, ``--custom-reward-post-process-path
+agentinfra.trainers.slime.group_advantages`` keeps GRPO's groups per prompt.
 
 Settings are attributes of slime's ``args``, set in the YAML of ``--custom-config-path``
 (slime copies each key onto ``args``): `SlimeSettings` lists them. Each sample names its
@@ -52,6 +54,7 @@ __all__ = [
     "SlimeSettings",
     "drop_groups_with_infra_failures",
     "generate",
+    "group_advantages",
     "samples_of",
 ]
 
@@ -412,3 +415,44 @@ def drop_groups_with_infra_failures(args: Any, samples: list[Any], **kwargs: Any
     if masked:
         return output(keep=False, reason=f"agentinfra_untrainable:{masked[0]}")
     return output(keep=True, reason=None)
+
+
+def group_advantages(args: Any, samples: list[Any]) -> tuple[list[float], list[float]]:
+    """slime's ``--custom-reward-post-process-path``: GRPO advantages per slime group, per rollout.
+
+    slime's built-in normalization reshapes rewards to ``n_samples_per_prompt`` columns and,
+    when a custom generate function fans a rollout out into several Samples, falls back to
+    one group over the whole batch (``slime/ray/rollout.py``, ``_post_process_rewards``).
+    Here a group is a ``group_index``, each rollout (``rollout_id``) counts once with its
+    whole reward, every segment of a rollout gets that rollout's advantage (SkyRL's
+    step-wise broadcast), and masked-out rollouts neither enter the mean and spread nor get
+    an advantage. ``args.grpo_std_normalization`` (slime's flag) divides by the spread.
+
+    Returns:
+        The raw rewards and the advantages, one each per sample, in ``samples``' order.
+    """
+    raw = [float(s.reward or 0.0) for s in samples]
+    by_group: dict[object, dict[object, float]] = {}
+    for s in samples:
+        if not s.metadata.get("agentinfra_untrainable"):
+            total = s.metadata.get("agentinfra_reward", s.reward)
+            by_group.setdefault(s.group_index, {})[s.rollout_id] = float(total or 0.0)
+    divide = bool(getattr(args, "grpo_std_normalization", True))
+    stats = {g: _mean_spread(list(r.values())) for g, r in by_group.items()}
+    advantages = []
+    for s in samples:
+        if s.metadata.get("agentinfra_untrainable"):
+            advantages.append(0.0)
+            continue
+        mean, spread = stats[s.group_index]
+        centred = by_group[s.group_index][s.rollout_id] - mean
+        advantages.append(centred / (spread + 1e-6) if divide else centred)
+    return raw, advantages
+
+
+def _mean_spread(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``torch.std``'s default; 0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5

@@ -472,3 +472,41 @@ def test_each_segment_gets_the_status_of_its_last_call(slime_types: type[Sample]
         assert [
             t for t, m in zip(response, out.loss_mask or [], strict=True) if m
         ] == engine_sampled(trajectory, segment["calls"])
+
+
+def test_group_advantages_count_each_rollout_once_and_skip_masked_ones(
+    slime_types: type[Sample],
+) -> None:
+    desktop = [copy.deepcopy(t) for t in load("desktop_rerender.jsonl")]
+    multi = next(i for i, t in enumerate(desktop) if len(t["segments"]) == 2)
+    desktop[multi]["reward"], desktop[1 - multi]["reward"] = 1.0, 0.0  # SmolLM2 earned 0 in both
+    samples: list[Sample] = []
+    for i, t in enumerate(desktop):
+        samples += adapter.samples_of(t, slime_sample(index=i, group_index=0), slime_types)
+    for i, t in enumerate(load("service_failures.jsonl")):
+        samples += adapter.samples_of(t, slime_sample(index=10 + i, group_index=1), slime_types)
+    raw, advantages = adapter.group_advantages(
+        types.SimpleNamespace(grpo_std_normalization=True), samples
+    )
+    assert len(raw) == len(advantages) == len(samples) == 6
+    spread = (0.5**2 * 2) ** 0.5  # the sample standard deviation of [1.0, 0.0]
+    expected = {multi: 0.5 / (spread + 1e-6), 1 - multi: -0.5 / (spread + 1e-6)}
+    for sample, advantage in zip(samples[:3], advantages[:3], strict=True):
+        assert advantage == pytest.approx(
+            expected[sample.index]
+        )  # both segments of a rollout alike
+    assert [s.reward for s in samples[:3]].count(
+        0.5
+    ) == 2  # the raw reward stays split over segments
+    assert raw[:3] == [s.reward for s in samples[:3]]
+    masked = [s.metadata.get("agentinfra_untrainable") is not None for s in samples[3:]]
+    assert masked == [True, False, True]
+    assert advantages[3:] == [
+        0.0,
+        0.0,
+        0.0,
+    ]  # the lone graded rollout of group 1 has nothing to beat
+    _, centred = adapter.group_advantages(
+        types.SimpleNamespace(grpo_std_normalization=False), samples
+    )
+    assert sorted(set(centred[:3])) == [-0.5, 0.5]
