@@ -114,7 +114,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2
+pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2 $(VENV)/skyrl/.installed
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc
