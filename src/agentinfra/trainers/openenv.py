@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -251,8 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     server = uvicorn.Server(uvicorn.Config(create_app(host), host=args.host, port=args.port,
                                            timeout_graceful_shutdown=5, log_level="info"))  # fmt: skip
+    # uvicorn stops gracefully on SIGINT or SIGTERM, then raises the signal again: let that be
+    # a KeyboardInterrupt here, so the sessions left are closed and the grader's atexit runs.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.run()
+    except KeyboardInterrupt:
+        logger.info("stopped by a signal")
     finally:
         host.close()
     return 0
