@@ -60,12 +60,19 @@ async def refused(**reset):
         return str(exc)
     return None
 
+async def capacity_refusal():
+    # OpenEnv's client may see only the close that follows the refusal (its send races it), so
+    # the refusal is read off the socket as the server sends it.
+    from websockets.asyncio.client import connect
+    async with connect(URL.replace("http://", "ws://") + "/ws") as ws:
+        return json.loads(await ws.recv())["data"]["message"]
+
 async def main():
     opened = [asyncio.Event(), asyncio.Event()]
     honest = asyncio.create_task(episode("11_slow_cumsum.py", HONEST, opened[0]))
     cheat = asyncio.create_task(episode("10_slow_rowwise_softmax.py", CHEAT, opened[1]))
     await asyncio.gather(*(e.wait() for e in opened))
-    third = await refused(task="11_slow_cumsum.py")
+    third = await capacity_refusal()
     results = await asyncio.gather(honest, cheat)
     escape = await refused(task="../problems/11_slow_cumsum.py")
     print(json.dumps({"honest": results[0], "cheat": results[1], "third": third, "escape": escape}))
