@@ -321,6 +321,9 @@ class KernelEpisode:
             ) from exc
         finally:
             self._grading = None
+        logger.info("session %s: %s graded %s (%s), findings: %s", self.session_id, submission.sha256[:12],
+                    evaluation.outcome.value, evaluation.score,
+                    ", ".join(f"{f.check}/{f.severity}" for f in evaluation.findings) or "none")  # fmt: skip
         if evaluation.outcome is Outcome.GRADER_ERROR:
             raise TaskEnvironmentError(
                 f"the grader failed ({evaluation.error or 'grader error'}); the step was not counted"
