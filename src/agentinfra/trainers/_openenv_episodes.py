@@ -34,7 +34,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentinfra._settings import Settings
 from agentinfra.environments import (
@@ -51,6 +51,8 @@ from agentinfra.rollouts import GradingSlots, grading_cost
 __all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted"]
 
 logger = logging.getLogger(__name__)
+
+E = TypeVar("E", bound="KernelEpisode")
 
 _MAX_CODE_BYTES = 1 << 20
 _LISTED_TASKS = 20
@@ -149,7 +151,12 @@ class EpisodeHost:
         self._environments: dict[str, Environment] = {}
 
     def new_episode(self) -> KernelEpisode:
-        episode = KernelEpisode(self, uuid.uuid4().hex)
+        """A new session of submissions (`KernelEpisode`)."""
+        return self.new_session(KernelEpisode)
+
+    def new_session(self, kind: type[E]) -> E:
+        """A new session of ``kind`` (`KernelEpisode`, or `ToolEpisode` for an environment driven by its tools)."""
+        episode = kind(self, uuid.uuid4().hex)
         self.episodes[episode.session_id] = episode
         return episode
 
@@ -180,6 +187,12 @@ class EpisodeHost:
 
     def forget(self, episode: KernelEpisode) -> None:
         self.episodes.pop(episode.session_id, None)
+
+    async def aclose(self) -> None:
+        """Closes every live episode on this event loop (at the server's shutdown), then `close`."""
+        for episode in list(self.episodes.values()):
+            await episode.aclose()
+        self.close()
 
     def close(self) -> None:
         """Closes every live episode and removes the workspaces folder when the host made it."""
@@ -339,6 +352,10 @@ class KernelEpisode:
     def _check_open(self) -> None:
         if self.is_closed:
             raise ConfigError(f"session {self.session_id} is closed: open a new one")
+
+    async def aclose(self) -> None:
+        """`close`, from the event loop."""
+        self.close()
 
     def close(self) -> None:
         """Ends the session: a grading in flight is cancelled, the workspace removed. Idempotent;

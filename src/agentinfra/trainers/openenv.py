@@ -1,4 +1,4 @@
-"""An OpenEnv server over agentinfra's kernels environment (openenv-core 0.3.0, ``make openenv-venv``).
+"""An OpenEnv server over agentinfra's environments (openenv-core 0.3.0, ``make openenv-venv``).
 
 A trainer that speaks OpenEnv (TRL, SkyRL, ART, Unsloth, verifiers' OpenEnv taskset)
 opens one WebSocket session per episode with OpenEnv's own client, typed here as
@@ -10,6 +10,13 @@ opens one WebSocket session per episode with OpenEnv's own client, typed here as
   seeds; the observation says what a run's harness tells its agent (outcome, correct,
   speedup) and the result carries the reward; the episode ends on a ``final``
   submission or after ``--max-steps`` of them.
+
+With ``--env desktop`` (or any environment other than kernels) a step is one call of the
+environment's agent tools instead (`ToolAction`, `ToolObservation`, `ToolEnvClient`):
+``reset(task=..., options={...})`` returns the task prompt and the tools' schemas, the
+desktop's action tool returns the screenshot (base64 PNG) and accessibility text, and
+``done``/``fail`` end the episode freeze first; the reward arrives only at the end
+(`_openenv_tools`).
 
 Rewards, the step budget and what an agent is shown are `_openenv_episodes`'s
 (docs/decisions/0022-openenv-server.md). Sessions are concurrent
@@ -50,6 +57,7 @@ from agentinfra.trainers._openenv_episodes import (
     KernelEpisode,
     StepView,
 )
+from agentinfra.trainers._openenv_tools import ToolEpisode, ToolView
 
 __all__ = [
     "KernelAction",
@@ -57,6 +65,10 @@ __all__ = [
     "KernelObservation",
     "KernelOpenEnv",
     "KernelState",
+    "ToolAction",
+    "ToolEnvClient",
+    "ToolObservation",
+    "ToolOpenEnv",
     "create_app",
     "main",
 ]
@@ -174,6 +186,98 @@ class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]): 
         return KernelState(**payload)
 
 
+class ToolAction(Action):  # type: ignore[misc]
+    """One call of the episode's tools (the desktop: ``computer``, ``submit``, ``done``, ``fail``)."""
+
+    tool: str = Field(description="The tool's name, as reset's observation lists them")
+    arguments: dict[str, Any] = Field(
+        default_factory=dict, description="Its arguments (its JSON schema)"
+    )
+
+
+class ToolObservation(Observation):  # type: ignore[misc]
+    """A tool's result: text and PNG images (the desktop's screenshot); the tools after a reset."""
+
+    task: str = Field(description="The task's file name")
+    text: str = Field(description="The tool's text result, or the task prompt after a reset")
+    steps_left: int = Field(description="Tool calls this episode still allows")
+    images: list[str] = Field(default_factory=list, description="PNG images, base64")
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="The tools' schemas (after a reset)"
+    )
+
+
+class ToolOpenEnv(Environment[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
+    """One OpenEnv session over a `ToolEpisode` of the server's `EpisodeHost` (the desktop)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, host: EpisodeHost) -> None:
+        super().__init__()
+        self.episode: ToolEpisode = host.new_session(ToolEpisode)
+
+    async def reset_async(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> ToolObservation:
+        """Starts an episode of ``task`` with the environment's agent ``options`` (a mapping)."""
+        view = await self.episode.reset_tools(kwargs.get("task"), kwargs.get("options"))
+        return _tool_observation(view)
+
+    async def step_async(
+        self, action: ToolAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> ToolObservation:
+        return _tool_observation(await self.episode.call(action.tool, action.arguments))
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> ToolObservation:
+        raise ConfigError(
+            "this environment is asynchronous: use reset_async (OpenEnv's server does)"
+        )
+
+    def step(
+        self, action: ToolAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> ToolObservation:
+        raise ConfigError(
+            "this environment is asynchronous: use step_async (OpenEnv's server does)"
+        )
+
+    @property
+    def state(self) -> KernelState:
+        episode = self.episode
+        return KernelState(episode_id=episode.session_id, step_count=episode.steps, task=episode.task,
+                           steps_left=episode.steps_left, done=episode.is_done)  # fmt: skip
+
+    def close(self) -> None:
+        self.episode.close()
+
+
+def _tool_observation(view: ToolView) -> ToolObservation:
+    return ToolObservation(task=view.task, text=view.text, steps_left=view.steps_left, images=view.images,
+                           tools=view.tools, done=view.done, reward=view.reward)  # fmt: skip
+
+
+class ToolEnvClient(EnvClient[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
+    """OpenEnv's WebSocket client, typed for a tool-driven server (``--env desktop``)."""
+
+    def _step_payload(self, action: ToolAction) -> dict[str, Any]:
+        payload: dict[str, Any] = action.model_dump(exclude={"metadata"})
+        return payload
+
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[ToolObservation]:
+        observation = ToolObservation(
+            **payload.get("observation", {}),
+            reward=payload.get("reward"),
+            done=payload.get("done", False),
+        )
+        return StepResult(
+            observation=observation, reward=payload.get("reward"), done=bool(payload.get("done"))
+        )
+
+    def _parse_state(self, payload: dict[str, Any]) -> KernelState:
+        return KernelState(**payload)
+
+
 class _Server(HTTPEnvServer):  # type: ignore[misc]
     """OpenEnv's server, with the capacity refusal naming the knob that raises it."""
 
@@ -191,10 +295,12 @@ class _Server(HTTPEnvServer):  # type: ignore[misc]
 def create_app(host: EpisodeHost) -> FastAPI:
     """The OpenEnv app serving ``host``'s episodes; its shutdown closes every session left."""
     app = FastAPI(title="agentinfra kernels (OpenEnv)")
-    factory: Callable[[], KernelOpenEnv] = lambda: KernelOpenEnv(host)  # noqa: E731
-    server = _Server(
-        factory, KernelAction, KernelObservation, max_concurrent_envs=host.config.max_sessions
-    )
+    if host.definition.name == "kernels":
+        server = _Server(lambda: KernelOpenEnv(host), KernelAction, KernelObservation,
+                         max_concurrent_envs=host.config.max_sessions)  # fmt: skip
+    else:
+        server = _Server(lambda: ToolOpenEnv(host), ToolAction, ToolObservation,
+                         max_concurrent_envs=host.config.max_sessions)  # fmt: skip
     server.register_routes(app)
     app.router.on_shutdown.append(_closer(host))
     return app
@@ -203,7 +309,7 @@ def create_app(host: EpisodeHost) -> FastAPI:
 def _closer(host: EpisodeHost) -> Callable[[], Any]:
     async def close_all() -> None:
         logger.info("closing %d OpenEnv sessions", len(host.episodes))
-        host.close()
+        await host.aclose()
 
     return close_all
 
@@ -215,7 +321,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tasks", type=Path, required=True, help="folder of task files reset(task=NAME) names"
     )
-    parser.add_argument("--env", default="kernels", help="the registered environment (kernels)")
+    parser.add_argument(
+        "--env",
+        default="kernels",
+        help="the registered environment: kernels (a step is a submission) or desktop (a step is a tool call)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=4, help="sessions served at once")
@@ -239,9 +349,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.env != "kernels":
-        print(f"--env {args.env!r}: only kernels is served over OpenEnv so far", file=sys.stderr)
-        return 2
     try:
         config = EpisodeConfig(tasks=args.tasks, environment=args.env, max_steps=args.max_steps,
                                max_sessions=args.max_sessions, grading_slots=args.grading_slots,
