@@ -60,7 +60,7 @@ $(VENV)/openenv/.installed: | $(BIN)/python
 	rm -rf $(VENV)/openenv
 	$(PYTHON) -m venv $(VENV)/openenv
 	$(OPENENV_PY) -m pip --disable-pip-version-check -q install $(TORCH_SPEC) openenv-core==0.3.0
-	$(OPENENV_PY) -m pip --disable-pip-version-check -q install -e .
+	$(OPENENV_PY) -m pip --disable-pip-version-check -q install -e '.[desktop]'
 	$(OPENENV_PY) -c 'import openenv.core, agentinfra.trainers.openenv; print("openenv-core ready in $(VENV)/openenv")'
 	@touch $@
 openenv-venv: $(VENV)/openenv/.installed

@@ -184,3 +184,72 @@ def test_two_concurrent_openenv_sessions_grade_an_honest_kernel_and_flag_a_cheat
     assert server.returncode == 0, log.read_text()[-3000:]
     assert children  # the grader's fork server and workers ran under the server...
     assert not [pid for pid in children if _alive(pid)]  # ...and none outlived it
+
+
+DESKTOP_PY = ROOT / ".venv" / "desktop" / "bin" / "python"
+
+# Runs in .venv/openenv: one desktop episode through OpenEnv's client, typed for tool sessions.
+DESKTOP_CLIENT = r"""
+import asyncio, base64, json, sys
+from agentinfra.trainers.openenv import ToolAction, ToolEnvClient
+
+MOVES = [("computer", {"action": "screenshot"}), ("computer", {"action": "key", "text": "ctrl+a"}),
+         ("computer", {"action": "type", "text": "nothing left to do\n"}),
+         ("computer", {"action": "key", "text": "ctrl+s"}), ("computer", {"action": "wait", "duration": 2}),
+         ("done", {})]
+
+async def main():
+    async with ToolEnvClient(base_url=sys.argv[1], message_timeout_s=400) as env:
+        first = await env.reset(task="editor-replace.json")
+        steps = []
+        for tool, arguments in MOVES:
+            result = await env.step(ToolAction(tool=tool, arguments=arguments))
+            pngs = [base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in result.observation.images]
+            steps.append({"reward": result.reward, "done": result.done, "pngs": pngs, "text": result.observation.text})
+    print(json.dumps({"prompt": first.observation.text,
+                      "tools": [t["function"]["name"] for t in first.observation.tools], "steps": steps}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(
+    not DESKTOP_PY.exists(), reason=f"{DESKTOP_PY} missing: run `make desktop-venv`"
+)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the desktop's jails need root")
+def test_a_desktop_episode_over_openenv_is_rewarded_only_at_its_end(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "AGENTINFRA_DESKTOP_PYTHON": str(DESKTOP_PY),
+    }
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [str(OPENENV_PY), "-m", "agentinfra.trainers.openenv", "--env", "desktop",
+             "--tasks", str(ROOT / "examples/desktop/tasks"), "--port", str(port),
+             "--root", str(tmp_path / "sessions")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        _wait_healthy(url, server, log)
+        client = subprocess.run([str(OPENENV_PY), "-c", DESKTOP_CLIENT, url], env=env,
+                                capture_output=True, text=True, timeout=500)  # fmt: skip
+        assert client.returncode == 0, client.stderr[-3000:] + log.read_text()[-3000:]
+        result = json.loads(client.stdout.strip().splitlines()[-1])
+        children = _descendants(server.pid)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    print(json.dumps(result, indent=1))
+    assert "nothing left to do" in result["prompt"]
+    assert result["tools"] == ["computer", "submit", "done", "fail"]
+    *acting, last = result["steps"]
+    assert [(s["reward"], s["done"], s["pngs"]) for s in acting] == [(0.0, False, [True])] * 5
+    assert (last["reward"], last["done"]) == (1.0, True)
+    assert "outcome=passed" in last["text"]
+    assert list((tmp_path / "sessions").iterdir()) == []
+    assert server.returncode == 0, log.read_text()[-3000:]
+    assert not [pid for pid in children if _alive(pid)]
