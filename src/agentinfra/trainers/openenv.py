@@ -27,7 +27,9 @@ OpenEnv's stateless HTTP ``/reset`` and ``/step`` open and close an environment 
 request, so episodes are WebSocket sessions only.
 
 Serve with ``.venv/openenv/bin/python -m agentinfra.trainers.openenv --tasks DIR``
-(loopback by default). This module imports openenv; nothing else in agentinfra does.
+(loopback by default); for the desktop, add ``--env desktop`` and set
+``AGENTINFRA_DESKTOP_PYTHON=.venv/desktop/bin/python`` (from ``.venv/openenv`` the desktop
+does not find its interpreter by itself). This module imports openenv; nothing else in agentinfra does.
 """
 
 from __future__ import annotations
