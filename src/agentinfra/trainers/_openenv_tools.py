@@ -18,7 +18,8 @@ Invariants, beyond `_openenv_episodes`'s:
   in the loop; anything else a tool raises is agentinfra's failure: the step raises
   `TaskEnvironmentError` and is not counted.
 - Closing the session closes its setup (the desktop killed, after its state is graded if
-  the episode was not over, as for any agent that stops), then removes the workspace.
+  the episode was not over, as for any agent that stops), then removes the workspace; a
+  setup whose tools were never called is dropped without a grading.
 """
 
 from __future__ import annotations
@@ -168,8 +169,11 @@ class ToolEpisode(KernelEpisode):
                 for s in episode.submitted]  # fmt: skip
 
     async def _close_setup(self) -> None:
+        """Closes the setup of an episode that acted; one whose tools were never called is dropped:
+        it holds nothing yet (the desktop starts at the first action), and closing it would start
+        a desktop only to grade the untouched task (a trainer's reset, then disconnect)."""
         setup, self._setup, self._tools = self._setup, None, {}
-        if setup is not None and setup.close is not None:
+        if setup is not None and setup.close is not None and self.steps > 0:
             await setup.close()
 
     async def aclose(self) -> None:

@@ -199,13 +199,17 @@ def test_closing_from_openenvs_worker_thread_closes_the_setup_on_the_loop(
 
 def test_the_server_shutdown_closes_tool_sessions_left_open(host: EpisodeHost) -> None:
     async def main() -> None:
-        one, two = host.new_session(ToolEpisode), host.new_session(ToolEpisode)
-        await one.reset_tools("t.json")
-        await two.reset_tools("t.json")
+        one, two, idle = (host.new_session(ToolEpisode) for _ in range(3))
+        for episode in (one, two, idle):
+            await episode.reset_tools("t.json")
+        await one.call("act", {"by": 1})
+        await two.call("act", {"by": 2})
         await host.aclose()
         environment = host.environment("t.json")
         assert isinstance(environment, FakeDesktop)
+        # the idle one never acted: dropped, not closed (closing would grade an untouched task)
         assert environment.closed == ["episode-1", "episode-1"]
         assert host.episodes == {}
+        assert not idle.workspace.exists()
 
     asyncio.run(main())
