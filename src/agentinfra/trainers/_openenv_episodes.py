@@ -311,7 +311,7 @@ class KernelEpisode:
         message = (f"submission {submitted.sha256[:12]}: outcome={submitted.outcome} "
                    f"correct={submitted.correct} {unit}={submitted.score}")  # fmt: skip
         if episode.done:
-            message += f"; episode over, reward {reward}"
+            message += "; episode over"  # the reward travels beside the observation, not in it
         return StepView(task=episode.task, message=message, steps_left=self.steps_left, done=episode.done,
                         reward=reward, submission=submitted.sha256[:12], outcome=submitted.outcome,
                         correct=submitted.correct, score=submitted.score, score_unit=unit)  # fmt: skip

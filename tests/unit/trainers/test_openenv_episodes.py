@@ -125,6 +125,8 @@ async def test_reset_shows_the_problem_and_steps_grade_with_per_submission_rewar
     last = await episode.submit("pass:1.5")
     # the budget's last step ends the episode, and its reward is the episode's: the best submission's
     assert (last.done, last.steps_left, last.reward, last.score) == (True, 0, 2.5, 1.5)
+    # the observation does not carry the reward
+    assert last.message.endswith("speedup=1.5; episode over")
     with pytest.raises(ConfigError, match="is over: call reset"):
         await episode.submit("pass:9")
 
