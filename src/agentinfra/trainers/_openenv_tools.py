@@ -192,7 +192,10 @@ class ToolEpisode(KernelEpisode):
         on_other_thread = (
             loop is not None and loop.is_running() and threading.get_ident() != self._loop_thread
         )
-        if on_other_thread and self._setup is not None:
-            assert loop is not None
-            asyncio.run_coroutine_threadsafe(self._close_setup(), loop).result(_CLOSE_TIMEOUT_S)
-        super().close()
+        try:
+            if on_other_thread and self._setup is not None:
+                assert loop is not None
+                closing = asyncio.run_coroutine_threadsafe(self._close_setup(), loop)
+                closing.result(_CLOSE_TIMEOUT_S)
+        finally:
+            super().close()
