@@ -198,6 +198,8 @@ class DesktopSession:
         self._turn = asyncio.Lock()
         self._cancelled_during: str | None = None
         self.started_s = 0.0
+        self.is_started = False
+        """`start` completed (a desktop from `DesktopPool` comes started)."""
         self.last_screenshot_s = 0.0
         self.closed = False
         self.setup_set: dict[tuple[int, int], str | None] = {}
@@ -220,6 +222,7 @@ class DesktopSession:
             "start", width=self.config.width, height=self.config.height, timeout_s=30
         )
         self.started_s = time.monotonic() - started
+        self.is_started = True
 
     def _launch(self) -> None:
         try:
