@@ -116,7 +116,9 @@ def health_problem(
             return f"{comm} (pid {key[0]}) is in state {now[1]}"
     strays = sorted(key for key in alive if key not in recorded)
     if strays:
-        return f"stray process {alive[strays[0]][0]} (pid {strays[0][0]}) and {len(strays) - 1} more"
+        return (
+            f"stray process {alive[strays[0]][0]} (pid {strays[0][0]}) and {len(strays) - 1} more"
+        )
     return None
 
 
@@ -264,7 +266,8 @@ class DesktopPool:
             try:
                 self._ready.append(await self._start_one())
                 failures = 0
-            except Exception as exc:  # the next try may work: the pool degrades to cold starts meanwhile
+            except Exception as exc:
+                # The next try may work; meanwhile episodes start their desktops cold.
                 self._start_failures += 1
                 failures += 1
                 delay_s = min(_RETRY_MAX_S, 0.5 * 2 ** min(failures, 8))
