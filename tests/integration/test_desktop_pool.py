@@ -1,0 +1,195 @@
+"""The desktop pool on real desktops: episodes from it see nothing of the episode before, a broken
+pooled desktop is never handed out, and the pool dies with the rollout service (also a killed one)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agentinfra._settings import load_settings
+from agentinfra.environments.desktop import DesktopPool, PoolStats, load_desktop_task
+from agentinfra.environments.desktop._episode import run_episode
+from agentinfra.environments.desktop._pool import active_pool
+from agentinfra.environments.desktop._session import check_prerequisites, uid_processes
+from agentinfra.errors import TaskEnvironmentError
+from agentinfra.rollouts import RolloutService, ServiceConfig, sweep_orphaned_jails
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = ROOT / "examples" / "desktop" / "tasks" / "os-mkdir.json"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _desktop_available() -> None:
+    try:
+        check_prerequisites()
+    except TaskEnvironmentError as exc:
+        pytest.fail(str(exc))
+
+
+_LEAVE_TRACES = textwrap.dedent("""
+    import pathlib, subprocess, sys, time
+    (pathlib.Path.home() / "Documents" / "leak-a.txt").write_text("secret of episode A")
+    open("/tmp/leak-a", "w").write("x")
+    subprocess.Popen(["setsid", "sleep", "600"])
+    subprocess.Popen(["xterm", "-title", "leak-a-window"])
+    subprocess.Popen([sys.executable, "-c", "import tkinter, time; r = tkinter.Tk(); r.withdraw(); "
+                      "r.clipboard_clear(); r.clipboard_append('leak-a-clip'); r.update(); time.sleep(600)"])
+    time.sleep(2)
+""")
+_PROBE = textwrap.dedent("""
+    import json, os, pathlib, subprocess, sys
+    home = pathlib.Path.home()
+    clip = subprocess.run([sys.executable, "-c", "import tkinter; r = tkinter.Tk(); r.withdraw(); "
+                           "print(r.clipboard_get())"], capture_output=True, text=True, timeout=20)
+    probe = {
+        "files": sorted(str(p.relative_to(home)) for p in home.rglob("*")),
+        "tmp": sorted(os.listdir("/tmp")),
+        "processes": sorted(open(f"/proc/{p}/cmdline").read() for p in os.listdir("/proc") if p.isdigit()),
+        "windows": subprocess.run(["wmctrl", "-l"], capture_output=True, text=True).stdout,
+        "clipboard": clip.stdout + clip.stderr,
+    }
+    (home / "probe.json").write_text(json.dumps(probe))
+""")
+
+
+def test_a_pooled_episode_sees_nothing_of_the_one_before(tmp_path: Path) -> None:
+    task = load_desktop_task(TASK)
+
+    async def main() -> tuple[list[int], list[float], list[str], PoolStats]:
+        uids: list[int] = []
+        first_s: list[float] = []
+        xml: list[str] = []
+        async with DesktopPool(size=1) as pool:
+            for name, code in (("a", _LEAVE_TRACES), ("b", _PROBE)):
+                await pool.wait_ready()
+                uids.append(pool.ready_sessions()[0].uid)
+                episode = await run_episode(task, [code, "DONE"], action_space="pyautogui", track="code",
+                                            episode_dir=tmp_path / name, mirror=None)  # fmt: skip
+                assert episode.crashed is None, episode.crashed
+                assert episode.setup_error is None, episode.setup_error
+                first_s.append(episode.first_observation_s)
+                xml.append((tmp_path / name / "step-001.xml").read_text())
+                assert uid_processes(uids[-1]) == []  # the episode's desktop is destroyed
+            return uids, first_s, xml, pool.stats()
+
+    uids, first_s, xml, stats = asyncio.run(main())
+    assert stats.handed_out == 2
+    assert stats.misses == 0
+    assert uids[0] != uids[1] or not uid_processes(uids[0])
+    assert (tmp_path / "a" / "snapshot" / "Documents" / "leak-a.txt").exists()  # A left its traces
+    probe = json.loads((tmp_path / "b" / "snapshot" / "probe.json").read_text())
+    assert not [f for f in probe["files"] if "leak-a" in f], probe["files"]
+    assert "leak-a" not in probe["tmp"]
+    assert not [p for p in probe["processes"] if "sleep" in p or "leak-a" in p], probe["processes"]
+    assert "leak-a" not in probe["windows"]
+    assert "leak-a-clip" not in probe["clipboard"]
+    assert "leak-a" not in xml[1]  # the accessibility tree after B's first action
+    # The setup (xterm, waited for) is in the figure; the desktop's own start is not.
+    print(f"pooled first observations: {first_s}")
+
+
+def test_a_pooled_desktop_that_fails_its_health_check_is_replaced() -> None:
+    async def main() -> None:
+        async with DesktopPool(size=2) as pool:
+            await pool.wait_ready()
+            broken, healthy = pool.ready_sessions()
+            xvfb = next(p for p in uid_processes(broken.uid) if p.comm == "Xvfb")
+            os.kill(xvfb.pid, signal.SIGKILL)
+            taken = await pool.take()
+            assert taken is healthy
+            assert pool.stats().replaced == 1
+            png, _ = await taken.screenshot()
+            assert png.startswith(b"\x89PNG")
+            await taken.close()
+            taken.remove()
+            await pool.wait_ready()  # refilled: the broken one replaced, the taken one too
+            stray_on = pool.ready_sessions()[0]
+            stray = subprocess.Popen(["sleep", "60"], user=stray_on.uid, group=stray_on.uid)
+            try:
+                taken = await pool.take()
+                assert taken is not None
+                assert taken is not stray_on
+                assert pool.stats().replaced == 2
+                await taken.close()
+                taken.remove()
+            finally:
+                stray.kill()
+                stray.wait()
+        assert _gone(broken.uid, 5.0)
+        assert _gone(stray_on.uid, 5.0)
+
+    asyncio.run(main())
+
+
+_SERVICE = """
+import asyncio, sys
+from pathlib import Path
+from agentinfra._settings import load_settings
+from agentinfra.environments.desktop._pool import active_pool
+from agentinfra.rollouts import RolloutService, ServiceConfig, sweep_orphaned_jails
+
+async def main():
+    config = ServiceConfig(state_dir=Path(sys.argv[1]), port=0, desktop_pool=1, check_endpoint=False)
+    service = RolloutService(config, load_settings(), api_key_of=lambda _: "")
+    await service.start()
+    pool = active_pool()
+    await pool.wait_ready()
+    print(pool.ready_sessions()[0].uid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _gone(uid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while uid_processes(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not uid_processes(uid)
+
+
+def test_the_pool_dies_with_the_service_killed_or_stopped(tmp_path: Path) -> None:
+    killed = subprocess.Popen([sys.executable, "-c", _SERVICE, str(tmp_path)], stdout=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    try:
+        assert killed.stdout is not None
+        old_uid = int(killed.stdout.readline())
+        assert uid_processes(old_uid)
+    finally:
+        killed.kill()
+        killed.wait()
+        if killed.stdout is not None:
+            killed.stdout.close()
+    assert _gone(old_uid)  # the controller reads the end of its pipe and the jail ends with it
+
+    async def restart() -> list[int]:
+        config = ServiceConfig(state_dir=tmp_path, port=0, desktop_pool=2, check_endpoint=False)
+        service = RolloutService(config, load_settings(), api_key_of=lambda _: "")
+        await service.start()
+        pool = active_pool()
+        assert pool is not None
+        await pool.wait_ready()
+        orphan, kept = pool.ready_sessions()
+        # A desktop that outlived its service: its uid's lock is free, its processes run.
+        os.close(orphan._lock)
+        orphan._lock = -1
+        assert orphan.uid in sweep_orphaned_jails()
+        assert _gone(orphan.uid, 2.0)
+        assert kept.uid not in sweep_orphaned_jails()  # a live pool's desktop is not an orphan
+        await service.close()
+        assert active_pool() is None
+        return [orphan.uid, kept.uid]
+
+    for uid in asyncio.run(restart()):
+        assert _gone(uid, 5.0)
