@@ -59,7 +59,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_POOL_SIZE = 64
-"""The most desktops a pool keeps ready (each holds a uid and about 100 MB while idle)."""
+"""The most desktops a pool keeps ready (each holds a uid and about 150 MB of resident sets while idle)."""
 _CHECK_TIMEOUT_S = 5.0
 """How long the health check's request to the controller may take."""
 _RETRY_MAX_S = 30.0
