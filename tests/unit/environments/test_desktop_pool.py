@@ -79,6 +79,9 @@ def test_without_a_pool_or_of_another_shape_an_episode_starts_its_own() -> None:
             assert pool.stats().misses == 0  # another shape never asks this pool
             assert await take_pooled() is None
             assert pool.stats().misses == 1
+            # An episode on another event loop (run_scripted in a worker thread) never takes from it.
+            assert await asyncio.to_thread(asyncio.run, take_pooled()) is None
+            assert pool.stats().misses == 1
             with pytest.raises(ConfigError, match="a desktop pool already runs"):
                 await DesktopPool(size=1).start()
         assert active_pool() is None

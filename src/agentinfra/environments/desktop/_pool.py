@@ -77,10 +77,13 @@ def active_pool() -> DesktopPool | None:
 
 async def take_pooled(config: DesktopConfig | None = None) -> DesktopSession | None:
     """A started, healthy desktop of shape ``config`` from the running pool, or None
-    (no pool, a pool of another shape, or none ready): then the caller starts one cold."""
+    (no pool, a pool of another shape or on another event loop, or none ready): then the
+    caller starts one cold."""
     pool = _ACTIVE
     if pool is None or pool.config != (config or DesktopConfig()):
         return None
+    if pool.loop is not asyncio.get_running_loop():
+        return None  # an episode on another loop (`run_scripted` in a worker thread): its pipes are not ours
     return await pool.take()
 
 
@@ -162,6 +165,8 @@ class DesktopPool:
         self._starting: DesktopSession | None = None
         self._discards: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The event loop the pool runs on (its desktops' requests are awaited there only)."""
         self._handed_out = self._replaced = self._misses = self._start_failures = 0
 
     async def __aenter__(self) -> DesktopPool:
@@ -182,6 +187,7 @@ class DesktopPool:
         if _ACTIVE is not None and _ACTIVE is not self:
             raise ConfigError("a desktop pool already runs in this process; close it first")
         _ACTIVE = self
+        self.loop = asyncio.get_running_loop()
         if self.size > 0 and self._filler is None:
             self._filler = asyncio.create_task(self._fill(), name="desktop-pool-fill")
 
