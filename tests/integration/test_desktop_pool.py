@@ -4,11 +4,13 @@ pooled desktop is never handed out, and the pool dies with the rollout service (
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 from pathlib import Path
@@ -16,8 +18,11 @@ from pathlib import Path
 import pytest
 
 from agentinfra._settings import load_settings
+from agentinfra.environments import AgentHooks, Submission
 from agentinfra.environments.desktop import DesktopPool, PoolStats, load_desktop_task
+from agentinfra.environments.desktop._agent import DesktopAgent
 from agentinfra.environments.desktop._episode import run_episode
+from agentinfra.environments.desktop._options import DesktopAgentOptions
 from agentinfra.environments.desktop._pool import active_pool
 from agentinfra.environments.desktop._session import check_prerequisites, uid_processes
 from agentinfra.errors import TaskEnvironmentError
@@ -63,40 +68,69 @@ _PROBE = textwrap.dedent("""
 """)
 
 
+def _gone(uid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while uid_processes(uid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not uid_processes(uid)
+
+
 def test_a_pooled_episode_sees_nothing_of_the_one_before(tmp_path: Path) -> None:
+    """Episode A (`run_episode`) leaves traces everywhere and its probe sees them; episode B (the
+    desktop agent, as the rollout service runs it) on the next pooled desktop sees none."""
     task = load_desktop_task(TASK)
+    submitted: list[Submission] = []
 
-    async def main() -> tuple[list[int], list[float], list[str], PoolStats]:
-        uids: list[int] = []
-        first_s: list[float] = []
-        xml: list[str] = []
+    async def submit(submission: Submission) -> str:
+        submitted.append(submission)
+        return "submitted"
+
+    async def results(_: float) -> str:
+        return ""
+
+    async def main() -> tuple[str, PoolStats]:
         async with DesktopPool(size=1) as pool:
-            for name, code in (("a", _LEAVE_TRACES), ("b", _PROBE)):
-                await pool.wait_ready()
-                uids.append(pool.ready_sessions()[0].uid)
-                episode = await run_episode(task, [code, "DONE"], action_space="pyautogui", track="code",
-                                            episode_dir=tmp_path / name, mirror=None)  # fmt: skip
-                assert episode.crashed is None, episode.crashed
-                assert episode.setup_error is None, episode.setup_error
-                first_s.append(episode.first_observation_s)
-                xml.append((tmp_path / name / "step-001.xml").read_text())
-                assert uid_processes(uids[-1]) == []  # the episode's desktop is destroyed
-            return uids, first_s, xml, pool.stats()
+            await pool.wait_ready()
+            uids = [pool.ready_sessions()[0].uid]
+            episode = await run_episode(task, [_LEAVE_TRACES, _PROBE, "DONE"], action_space="pyautogui",
+                                        track="code", episode_dir=tmp_path / "a", mirror=None)  # fmt: skip
+            assert episode.crashed is None, episode.crashed
+            assert episode.setup_error is None, episode.setup_error
+            assert _gone(uids[0])  # the episode's desktop is destroyed
+            await pool.wait_ready()
+            uids.append(pool.ready_sessions()[0].uid)
+            options = {"action_space": "pyautogui", "track": "code", "observation": "both"}
+            agent = DesktopAgent(task, None, tmp_path / "b", AgentHooks(submit=submit, results=results),
+                                 DesktopAgentOptions.from_options(options))  # fmt: skip
+            try:
+                observed = str(await agent.act(_PROBE))
+                await agent.end("DONE")
+            finally:
+                await agent.close()
+            assert _gone(uids[1])
+            return observed, pool.stats()
 
-    uids, first_s, xml, stats = asyncio.run(main())
+    observed, stats = asyncio.run(main())
     assert stats.handed_out == 2
     assert stats.misses == 0
-    assert uids[0] != uids[1] or not uid_processes(uids[0])
-    assert (tmp_path / "a" / "snapshot" / "Documents" / "leak-a.txt").exists()  # A left its traces
-    probe = json.loads((tmp_path / "b" / "snapshot" / "probe.json").read_text())
-    assert not [f for f in probe["files"] if "leak-a" in f], probe["files"]
-    assert "leak-a" not in probe["tmp"]
-    assert not [p for p in probe["processes"] if "sleep" in p or "leak-a" in p], probe["processes"]
-    assert "leak-a" not in probe["windows"]
-    assert "leak-a-clip" not in probe["clipboard"]
-    assert "leak-a" not in xml[1]  # the accessibility tree after B's first action
-    # The setup (xterm, waited for) is in the figure; the desktop's own start is not.
-    print(f"pooled first observations: {first_s}")
+    before = json.loads((tmp_path / "a" / "snapshot" / "probe.json").read_text())
+    with tarfile.open(fileobj=io.BytesIO(submitted[-1].data)) as archive:
+        member = archive.extractfile("home/probe.json")
+        assert member is not None
+        after = json.load(member)
+    # The probe sees each trace where it is (A) ...
+    assert "Documents/leak-a.txt" in before["files"]
+    assert "leak-a" in before["tmp"]
+    assert [p for p in before["processes"] if p.startswith("sleep")]
+    assert "leak-a-window" in before["windows"]
+    assert "leak-a-clip" in before["clipboard"]
+    # ... and none of them on the next pooled desktop (B).
+    assert not [f for f in after["files"] if "leak-a" in f], after["files"]
+    assert "leak-a" not in after["tmp"]
+    assert not [p for p in after["processes"] if "sleep" in p or "leak-a" in p], after["processes"]
+    assert "leak-a" not in after["windows"]
+    assert "leak-a-clip" not in after["clipboard"]
+    assert "leak-a" not in observed  # the screenshot's accessibility table after B's action
 
 
 def test_a_pooled_desktop_that_fails_its_health_check_is_replaced() -> None:
@@ -150,13 +184,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-def _gone(uid: int, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while uid_processes(uid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not uid_processes(uid)
 
 
 def test_the_pool_dies_with_the_service_killed_or_stopped(tmp_path: Path) -> None:
