@@ -48,8 +48,8 @@ _LEAVE_TRACES = textwrap.dedent("""
     open("/tmp/leak-a", "w").write("x")
     subprocess.Popen(["setsid", "sleep", "600"])
     subprocess.Popen(["xterm", "-title", "leak-a-window"])
-    subprocess.Popen([sys.executable, "-c", "import tkinter, time; r = tkinter.Tk(); r.withdraw(); "
-                      "r.clipboard_clear(); r.clipboard_append('leak-a-clip'); r.update(); time.sleep(600)"])
+    subprocess.Popen([sys.executable, "-c", "import tkinter; r = tkinter.Tk(); r.withdraw(); "
+                      "r.clipboard_clear(); r.clipboard_append('leak-a-clip'); r.mainloop()"])
     time.sleep(2)
 """)
 _PROBE = textwrap.dedent("""
