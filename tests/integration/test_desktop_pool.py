@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,12 @@ import pytest
 
 from agentinfra._settings import load_settings
 from agentinfra.environments import AgentHooks, Submission
-from agentinfra.environments.desktop import DesktopPool, PoolStats, load_desktop_task
+from agentinfra.environments.desktop import (
+    DesktopPool,
+    DesktopSession,
+    PoolStats,
+    load_desktop_task,
+)
 from agentinfra.environments.desktop._agent import DesktopAgent
 from agentinfra.environments.desktop._episode import run_episode
 from agentinfra.environments.desktop._options import DesktopAgentOptions
@@ -220,3 +226,39 @@ def test_the_pool_dies_with_the_service_killed_or_stopped(tmp_path: Path) -> Non
 
     for uid in asyncio.run(restart()):
         assert _gone(uid, 5.0)
+
+
+def test_a_start_cancelled_mid_launch_leaves_no_jail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a pool while it starts a desktop cancels the start; the launch thread runs on regardless,
+    so the start waits for it and `close` then kills what it made."""
+    launching = threading.Event()
+    launch = DesktopSession._launch
+
+    def slow_launch(self: DesktopSession) -> None:
+        launching.set()
+        time.sleep(0.5)
+        launch(self)
+
+    monkeypatch.setattr(DesktopSession, "_launch", slow_launch)
+
+    async def main() -> DesktopSession:
+        session = DesktopSession()
+        start = asyncio.create_task(session.start())
+        while not launching.is_set():
+            await asyncio.sleep(0.005)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        await session.close()
+        await asyncio.sleep(1.0)
+        return session
+
+    session = asyncio.run(main())
+    try:
+        assert session.channel is not None
+        assert session.channel.poll() is not None  # the jail was made, and killed
+        assert uid_processes(session.uid) == []
+    finally:
+        if session.channel is not None and session.channel.poll() is None:
+            session.channel.kill(grace_s=1.0)
+        session.remove()

@@ -162,7 +162,6 @@ class DesktopPool:
         self._ready: deque[tuple[DesktopSession, dict[tuple[int, int], str]]] = deque()
         self._wanted = asyncio.Event()
         self._filler: asyncio.Task[None] | None = None
-        self._starting: DesktopSession | None = None
         self._discards: set[asyncio.Task[None]] = set()
         self._closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
