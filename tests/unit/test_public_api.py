@@ -291,12 +291,14 @@ EXPECTED: dict[str, list[str]] = {
         "SandboxMode",
         "UID_RANGE",
         "kill_uid",
+        "pids_by_uid",
         "probe_sandbox_mode",
         "process_tree",
         "python_runtime_paths",
         "reserve_uid",
         "signal_uid",
         "system_library_paths",
+        "uid_is_orphaned",
     ],
 }
 

@@ -52,6 +52,7 @@ from agentinfra.sandbox import (
     JailLimits,
     JailSpec,
     kill_uid,
+    pids_by_uid,
     probe_sandbox_mode,
     reserve_uid,
 )
@@ -586,27 +587,20 @@ def uid_processes(uid: int) -> list[ProcessInfo]:
     decides whether it is listed. Zombies are listed (they hold no memory but a pid).
     """
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids_by_uid().get(uid, []):
         try:
-            with open(f"/proc/{entry}/status", "rb") as handle:
-                status = handle.read(4096)
-            uids = next(line for line in status.split(b"\n") if line.startswith(b"Uid:"))
-            if str(uid).encode() not in uids.split()[1:]:
-                continue
-            with open(f"/proc/{entry}/stat", "rb") as handle:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
                 stat = handle.read(4096)
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 cmdline = handle.read(8192)
-        except (OSError, StopIteration):
+        except OSError:
             continue  # gone meanwhile
         close = stat.rfind(b")")
         comm = stat[stat.find(b"(") + 1 : close].decode(errors="replace")
         fields = stat[close + 2 :].split()
         start = int(fields[19])  # field 22 of the line; fields here start at field 3
         arguments = [a.decode(errors="replace")[:1000] for a in cmdline.split(b"\0")[:64] if a]
-        found.append(ProcessInfo(int(entry), start, comm, arguments))
+        found.append(ProcessInfo(pid, start, comm, arguments))
     return found
 
 
