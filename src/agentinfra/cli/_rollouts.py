@@ -255,6 +255,13 @@ def serve_command(
             "--kv-hints", help="HOST:PORT of the kv server: groups' KV sessions closed when done."
         ),
     ] = None,
+    desktop_pool: Annotated[
+        int,
+        typer.Option(
+            "--desktop-pool",
+            help="Desktops kept started for desktop episodes (0: each starts its own).",
+        ),
+    ] = 0,
 ) -> None:
     """Serve groups of rollouts, cancels and idempotent gradings over HTTP (bearer tokens, Prometheus /metrics)."""
     if not _is_loopback(host) and token_file is None:
@@ -274,6 +281,7 @@ def serve_command(
         grading_slots=grading_slots,
         tokens=tokens,
         check_endpoint=check_endpoint,
+        desktop_pool=desktop_pool,
     )
     kv_server = _kv_address(kv_hints) if kv_hints is not None else None
 

@@ -199,6 +199,8 @@ class DesktopSession:
         self._turn = asyncio.Lock()
         self._cancelled_during: str | None = None
         self.started_s = 0.0
+        self.is_started = False
+        """`start` completed (a desktop from `DesktopPool` comes started)."""
         self.last_screenshot_s = 0.0
         self.closed = False
         self.setup_set: dict[tuple[int, int], str | None] = {}
@@ -216,11 +218,20 @@ class DesktopSession:
         ``/proc``), then the controller's ``start`` request on the loop."""
         await asyncio.to_thread(check_prerequisites)
         started = time.monotonic()
-        await asyncio.to_thread(self._launch)
+        launch = asyncio.ensure_future(asyncio.to_thread(self._launch))
+        try:
+            await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # A cancelled wait leaves the thread running: it may still reserve a uid and spawn the jail
+            # after `close` looked. Waiting for it (tens of ms) lets `close` find what it made.
+            with contextlib.suppress(Exception):
+                await launch
+            raise
         await self.request(
             "start", width=self.config.width, height=self.config.height, timeout_s=30
         )
         self.started_s = time.monotonic() - started
+        self.is_started = True
 
     def _launch(self) -> None:
         try:
