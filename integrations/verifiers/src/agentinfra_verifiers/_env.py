@@ -1,0 +1,22 @@
+"""`LocalReplyEnv`: one agent seat whose runtime defaults to a local subprocess.
+
+verifiers' agents default to a remote Prime sandbox. `OneReplyHarness` runs nothing in its
+runtime (one HTTP call, in process; the grading happens in agentinfra's jails), so a remote
+box would only add a tunnel and a login; ``--env.agent.runtime.type`` still overrides it.
+"""
+
+from __future__ import annotations
+
+import verifiers.v1 as vf
+
+__all__ = ["LocalReplyEnv", "LocalReplyEnvConfig"]
+
+
+class LocalReplyEnvConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+    """The one seat, as `SingleAgentEnv`'s (`--env.agent.*`), on the local runtime."""
+
+
+class LocalReplyEnv(vf.Env[LocalReplyEnvConfig]):
+    async def run(self, task: vf.Task, agents: vf.Agents) -> None:
+        await agents.agent.run(task)
