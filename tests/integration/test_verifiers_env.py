@@ -1,0 +1,179 @@
+"""verifiers' own `vf-eval` runs the `agentinfra-kernels` taskset against SmolLM2 served by vLLM.
+
+verifiers 0.4.0 lives in ``.venv/verifiers`` (`make verifiers-venv`; it pins an older
+openai than ours), so everything on its side runs there as a subprocess: `vf-eval` and the
+taskset (integrations/verifiers). The rollout service is the real ``agentinfra rollouts
+serve`` with a token file; the rewards vf-eval recorded are checked against the verdicts the
+service stored for the very files SmolLM2 wrote (by grade key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentinfra.engines import SMOLLM2_NAME
+from agentinfra.rollouts import grade_key
+
+ROOT = Path(__file__).resolve().parents[2]
+VF_BIN = ROOT / ".venv/verifiers/bin"
+PROBLEMS = ("13_relu_scale.py", "09_mse_loss.py")
+TOKEN = "vf-test-token"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (VF_BIN / "vf-eval").exists(),
+        reason=f"{VF_BIN.parent} missing: run `make verifiers-venv`",
+    ),
+]
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``agentinfra rollouts serve`` with a token file; yields its URL and state directory."""
+    state = tmp_path / "state"
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text(f"trainer {TOKEN}\n")
+    log_path = tmp_path / "service.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "agentinfra", "rollouts", "serve", "--port", "0",
+             "--state-dir", str(state), "--token-file", str(tokens)],
+            stdout=log, stderr=log, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        found = None
+        while found is None and time.monotonic() < deadline and process.poll() is None:
+            found = re.search(
+                r"serving rollouts on (http://127\.0\.0\.1:\d+)", log_path.read_text()
+            )
+            time.sleep(0.05)
+        assert found is not None, log_path.read_text()
+        yield found.group(1), state
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def _vf_eval(
+    args: list[str], *, env: dict[str, str], out: Path
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(VF_BIN / "vf-eval"), "agentinfra-kernels", "--no-push", "--no-rich", "-o", str(out), *args],
+        capture_output=True, text=True, env=env, cwd=out.parent, timeout=600,
+    )  # fmt: skip
+
+
+def _submissions(replies: list[str]) -> list[bytes]:
+    """The files the taskset cut out of ``replies``, by its own code (in the verifiers venv)."""
+    code = (
+        "import json, sys\nfrom agentinfra_verifiers import python_submission\n"
+        "print(json.dumps([python_submission(r).decode() for r in json.load(sys.stdin)]))"
+    )
+    done = subprocess.run([str(VF_BIN / "python"), "-c", code], input=json.dumps(replies),
+                          capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    return [s.encode() for s in json.loads(done.stdout)]
+
+
+def _traces(out: Path) -> list[dict[str, Any]]:
+    (path,) = out.glob("*/traces.jsonl")
+    return [t for line in path.read_text().splitlines() for t in json.loads(line)["traces"]]
+
+
+def test_vf_eval_rewards_are_the_verdicts_agentinfra_stored(
+    smollm2_vllm: str, service: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, state = service
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    for name in PROBLEMS:
+        shutil.copy(ROOT / "examples/kernels/problems" / name, problems / name)
+    env = {**os.environ, "VLLM_KEY": "unused", "AGENTINFRA_ROLLOUTS_TOKEN": TOKEN}
+    done = _vf_eval(
+        ["-m", SMOLLM2_NAME, "--client.base-url", smollm2_vllm, "--client.api-key-var", "VLLM_KEY",
+         "-n", "2", "-r", "2", "--sampling.max-tokens", "300", "--sampling.temperature", "1.0",
+         "--env.taskset.problems-dir", str(problems), "--env.taskset.task.service-url", url],
+        env=env, out=tmp_path / "out",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    traces = _traces(tmp_path / "out")
+    assert len(traces) == 4
+    replies = [(t["nodes"][-1]["message"]["content"] or "").strip() for t in traces]
+    submissions = _submissions(replies)
+    keys = set()
+    for trace, submission in zip(traces, submissions, strict=True):
+        assert trace["errors"] == [], trace["errors"]
+        assert len(trace["calls"]) == 1
+        assert trace["calls"][0].get("error") is None
+        task = Path(trace["task"]["data"]["problem_path"])
+        assert task.parent == problems
+        key = grade_key("kernels", task.read_bytes(), "solution.py", submission)
+        assert trace["info"]["agentinfra_grade"]["key"] == key
+        stored = json.loads((state / "grades" / f"{key}.json").read_text())
+        expected = (
+            0.0 if stored["hack_flagged"] or stored["outcome"] != "passed" else stored["score"]
+        )
+        assert trace["rewards"]["speedup"]["score"] == expected
+        keys.add(key)
+    # every grading the service did is one a trace references, and none was done twice
+    assert {p.stem for p in (state / "grades").glob("*.json")} == keys
+    print("verifiers rewards:", [(t["task"]["data"]["name"], t["rewards"]["speedup"]["score"],
+          t["info"]["agentinfra_grade"]["outcome"], hashlib.sha256(s).hexdigest()[:8])
+          for t, s in zip(traces, submissions, strict=True)])  # fmt: skip
+
+
+def test_bad_service_token_or_directory_is_one_clear_line(
+    service: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, _ = service
+    code = f"""
+import os
+from pathlib import Path
+from agentinfra_kernels import KernelsTaskset, KernelsTasksetConfig, KernelsTaskConfig
+def first(**fields):
+    task = KernelsTaskConfig(**fields.pop("task", {{}}))
+    try:
+        next(iter(KernelsTaskset(KernelsTasksetConfig(id="agentinfra-kernels", task=task, **fields))))
+    except Exception as exc:
+        print(type(exc).__name__ + ": " + str(exc))
+    else:
+        print("loaded")
+first(problems_dir=Path({str(tmp_path / "nowhere")!r}), task={{"service_url": {url!r}}})
+first(task={{"service_url": "http://127.0.0.1:9"}})
+first(task={{"service_url": {url!r}, "token_var": "NO_SUCH_TOKEN_VAR"}})
+os.environ["WRONG"] = "not-the-token"
+first(task={{"service_url": {url!r}, "token_var": "WRONG"}})
+os.environ["RIGHT"] = {TOKEN!r}
+first(task={{"service_url": {url!r}, "token_var": "RIGHT"}})
+"""
+    done = subprocess.run([str(VF_BIN / "python"), "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert (
+        lines[0]
+        == f"ValueError: no problem directory at {tmp_path / 'nowhere'} (--env.taskset.problems-dir)"
+    )
+    assert lines[1].startswith(
+        "ServiceError: cannot reach the agentinfra rollout service at http://127.0.0.1:9"
+    )
+    assert "--env.taskset.task.service-url" in lines[1]
+    for line in lines[2:4]:
+        assert line.startswith(
+            f"ServiceError: the rollout service at {url} refused the token (401)"
+        )
+        assert "--env.taskset.task.token-var" in line
+    assert lines[4] == "loaded"
