@@ -10,6 +10,7 @@ service stored for the very files SmolLM2 wrote (by grade key).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -31,13 +32,30 @@ VF_BIN = ROOT / ".venv/verifiers/bin"
 PROBLEMS = ("13_relu_scale.py", "09_mse_loss.py")
 TOKEN = "vf-test-token"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (VF_BIN / "vf-eval").exists(),
-        reason=f"{VF_BIN.parent} missing: run `make verifiers-venv`",
-    ),
-]
+needs_verifiers = pytest.mark.skipif(
+    not (VF_BIN / "vf-eval").exists(), reason=f"{VF_BIN.parent} missing: run `make verifiers-venv`"
+)
+
+
+def _submission_module() -> Any:
+    """The taskset's reply-to-file code, loaded from its file (it imports nothing from verifiers)."""
+    path = ROOT / "integrations/verifiers/src/agentinfra_verifiers/_submission.py"
+    spec = importlib.util.spec_from_file_location("vf_submission", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_submitted_file_is_cut_from_the_reply_as_text() -> None:
+    cut = _submission_module().python_submission
+    two = "a\n```python\nimport torch\n```\nthen\n```py\nclass ModelNew: pass\n```\n```\nx = 1\n```"
+    assert cut(two) == b"class ModelNew: pass\n"  # the last block naming ModelNew
+    assert cut("```\nx = 1\n```\n```python\ny = 2\n```") == b"y = 2\n"  # else the last block
+    assert cut("class ModelNew(nn.Module): ...") == b"class ModelNew(nn.Module): ...\n"
+    assert cut("") == b"\n"  # graded as the empty file it is
+    assert cut("  \n ") == b"\n"
 
 
 @pytest.fixture
@@ -93,6 +111,8 @@ def _traces(out: Path) -> list[dict[str, Any]]:
     return [t for line in path.read_text().splitlines() for t in json.loads(line)["traces"]]
 
 
+@pytest.mark.slow
+@needs_verifiers
 def test_vf_eval_rewards_are_the_verdicts_agentinfra_stored(
     smollm2_vllm: str, service: tuple[str, Path], tmp_path: Path
 ) -> None:
@@ -135,6 +155,8 @@ def test_vf_eval_rewards_are_the_verdicts_agentinfra_stored(
           for t, s in zip(traces, submissions, strict=True)])  # fmt: skip
 
 
+@pytest.mark.slow
+@needs_verifiers
 def test_bad_service_token_or_directory_is_one_clear_line(
     service: tuple[str, Path], tmp_path: Path
 ) -> None:

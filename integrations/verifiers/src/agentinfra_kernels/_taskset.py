@@ -54,7 +54,7 @@ def kernel_reward(verdict: dict[str, Any]) -> float:
 
 class KernelsTask(vf.Task[KernelsData, vf.State, KernelsTaskConfig]):
     @vf.reward
-    async def speedup(self, task: KernelsData, trace: vf.Trace) -> float:
+    async def speedup(self, task: KernelsData, trace: vf.Trace[Any]) -> float:
         """Grades the reply's file through the service; an infra failure raises (an errored rollout)."""
         service = GradeService.of(self.config)
         verdict = await service.grade("kernels", task.problem_path, python_submission(trace.last_reply),

@@ -7,6 +7,8 @@ box would only add a tunnel and a login; ``--env.agent.runtime.type`` still over
 
 from __future__ import annotations
 
+from typing import Any
+
 import verifiers.v1 as vf
 
 __all__ = ["LocalReplyEnv", "LocalReplyEnvConfig"]
@@ -18,5 +20,5 @@ class LocalReplyEnvConfig(vf.EnvConfig):
 
 
 class LocalReplyEnv(vf.Env[LocalReplyEnvConfig]):
-    async def run(self, task: vf.Task, agents: vf.Agents) -> None:
+    async def run(self, task: vf.Task[Any, Any, Any], agents: vf.Agents) -> None:
         await agents.agent.run(task)

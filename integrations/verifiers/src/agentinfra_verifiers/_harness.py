@@ -31,7 +31,7 @@ class OneReplyHarness(vf.Harness[OneReplyHarnessConfig]):
     async def launch(
         self,
         ctx: vf.ModelContext,
-        trace: vf.Trace,
+        trace: vf.Trace[Any],
         runtime: vf.Runtime,
         endpoint: str,
         secret: str,
