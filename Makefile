@@ -68,7 +68,7 @@ $(VENV)/verifiers/.installed: integrations/verifiers/pyproject.toml | $(BIN)/pyt
 	rm -rf $(VENV)/verifiers
 	$(PYTHON) -m venv $(VENV)/verifiers
 	$(VF_PY) -m pip --disable-pip-version-check -q install verifiers==0.4.0 -e integrations/verifiers
-	$(VF_PY) -c 'import verifiers.v1 as vf; vf.taskset_config_type("agentinfra-kernels"); print("verifiers", vf.__name__, "ready in $(VENV)/verifiers")'
+	$(VF_PY) -c 'import verifiers, verifiers.v1 as vf; vf.taskset_config_type("agentinfra-kernels"); print("verifiers", verifiers.__version__, "ready in $(VENV)/verifiers")'
 	@touch $@
 verifiers-venv: $(VENV)/verifiers/.installed
 
