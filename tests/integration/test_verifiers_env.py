@@ -193,9 +193,9 @@ first(task={{"service_url": {url!r}, "token_var": "RIGHT"}})
         "ServiceError: cannot reach the agentinfra rollout service at http://127.0.0.1:9"
     )
     assert "--env.taskset.task.service-url" in lines[1]
+    refused = f"ServiceError: the rollout service at {url} refused the token (401; sent "
+    assert lines[2].startswith(refused + "no token: nothing in $NO_SUCH_TOKEN_VAR)")
+    assert lines[3].startswith(refused + "the token in $WRONG)")
     for line in lines[2:4]:
-        assert line.startswith(
-            f"ServiceError: the rollout service at {url} refused the token (401)"
-        )
-        assert "--env.taskset.task.token-var" in line
+        assert line.endswith("or name another with --env.taskset.task.token-var")
     assert lines[4] == "loaded"
