@@ -9,6 +9,7 @@ service stored for the very files SmolLM2 wrote (by grade key).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -58,17 +59,18 @@ def test_the_submitted_file_is_cut_from_the_reply_as_text() -> None:
     assert cut("  \n ") == b"\n"
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+@contextlib.contextmanager
+def _serve(folder: Path, *extra: str) -> Iterator[tuple[str, Path]]:
     """``agentinfra rollouts serve`` with a token file; yields its URL and state directory."""
-    state = tmp_path / "state"
-    tokens = tmp_path / "tokens.txt"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = folder / "state"
+    tokens = folder / "tokens.txt"
     tokens.write_text(f"trainer {TOKEN}\n")
-    log_path = tmp_path / "service.log"
+    log_path = folder / "service.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "agentinfra", "rollouts", "serve", "--port", "0",
-             "--state-dir", str(state), "--token-file", str(tokens)],
+             "--state-dir", str(state), "--token-file", str(tokens), *extra],
             stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
     try:
@@ -84,6 +86,12 @@ def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     finally:
         process.terminate()
         process.wait(60)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    with _serve(tmp_path) as started:
+        yield started
 
 
 def _vf_eval(
@@ -199,3 +207,47 @@ first(task={{"service_url": {url!r}, "token_var": "RIGHT"}})
     for line in lines[2:4]:
         assert line.endswith("or name another with --env.taskset.task.token-var")
     assert lines[4] == "loaded"
+
+
+@pytest.mark.slow
+@needs_verifiers
+def test_the_reward_is_agentinfras_and_an_infra_failure_errors_the_rollout(
+    service: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The taskset's reward method on three replies: an honest kernel (its speedup), a cheat
+    (hack-flagged: 0), and a grading that times out (raised: verifiers records a TaskError)."""
+    url, state = service
+    problem = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
+    honest = (ROOT / "examples/kernels/submissions/10_fast_softmax.py").read_text()
+    cheat = (ROOT / "tests/fixtures/kernels/cheats/call_counting.py").read_text()
+    with _serve(tmp_path / "slow", "--grade-timeout", "0.5") as (slow_url, _):
+        code = f"""
+import asyncio, json, types
+from agentinfra_kernels import KernelsData, KernelsTask, KernelsTaskConfig
+async def reward(url, reply):
+    task = KernelsTask(KernelsData(problem_path={str(problem)!r}), KernelsTaskConfig(service_url=url))
+    trace = types.SimpleNamespace(last_reply=reply, info={{}})
+    try:
+        value = await task.speedup(task.data, trace)
+    except Exception as exc:
+        return {{"error": type(exc).__name__ + ": " + str(exc)}}
+    return {{"reward": value, **trace.info["agentinfra_grade"]}}
+async def main():
+    replies = [{honest!r}, "```python\\n" + {cheat!r} + "```"]
+    out = list(await asyncio.gather(*(reward({url!r}, r) for r in replies)))
+    out.append(await reward({slow_url!r}, "```python\\nimport torch\\n```"))
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+        env = {**os.environ, "AGENTINFRA_ROLLOUTS_TOKEN": TOKEN}
+        done = subprocess.run([str(VF_BIN / "python"), "-c", code], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    passed, cheated, failed = json.loads(done.stdout)
+    stored = json.loads((state / "grades" / f"{passed['key']}.json").read_text())
+    assert stored["outcome"] == "passed"
+    assert passed["reward"] == stored["score"] > 1.0
+    assert cheated["outcome"] == "hack_flagged"
+    assert cheated["reward"] == 0.0
+    assert failed["error"].startswith("ServiceError: agentinfra's grader failed (grader_error: ")
+    assert "not a reward of 0" in failed["error"]
