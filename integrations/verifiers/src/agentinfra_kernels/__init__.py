@@ -10,7 +10,7 @@ when the submission passed, 0 when it failed or was hack-flagged. A grader infra
 raised, so verifiers records the rollout as errored instead of scoring it 0.
 """
 
-from agentinfra_verifiers import LocalReplyEnv, OneReplyHarness
+from agentinfra_verifiers import LocalEnv, OneReplyHarness
 
 from agentinfra_kernels._taskset import (
     KernelsData,
@@ -27,7 +27,7 @@ __all__ = [
     "KernelsTaskConfig",
     "KernelsTaskset",
     "KernelsTasksetConfig",
-    "LocalReplyEnv",
+    "LocalEnv",
     "OneReplyHarness",
     "kernel_reward",
 ]

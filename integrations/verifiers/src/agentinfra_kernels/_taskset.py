@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import verifiers.v1 as vf
-from agentinfra_verifiers import GradeService, ServiceError, ServiceTaskConfig, python_submission
+from agentinfra_verifiers import (
+    AgentinfraService,
+    ServiceError,
+    ServiceTaskConfig,
+    python_submission,
+)
 
 __all__ = [
     "KernelsData",
@@ -56,7 +61,7 @@ class KernelsTask(vf.Task[KernelsData, vf.State, KernelsTaskConfig]):
     @vf.reward
     async def speedup(self, task: KernelsData, trace: vf.Trace[Any]) -> float:
         """Grades the reply's file through the service; an infra failure raises (an errored rollout)."""
-        service = GradeService.of(self.config)
+        service = AgentinfraService.of(self.config)
         verdict = await service.grade("kernels", task.problem_path, python_submission(trace.last_reply),
                                       name="solution.py")  # fmt: skip
         trace.info["agentinfra_grade"] = {
@@ -79,7 +84,7 @@ class KernelsTaskset(vf.Taskset[KernelsTask, KernelsTasksetConfig]):
         problems = sorted(p for p in folder.rglob("*.py") if not p.name.startswith("_"))
         if not problems:
             raise ValueError(f"{folder} holds no .py problem files (--env.taskset.problems-dir)")
-        GradeService.of(self.config.task).check()
+        AgentinfraService.of(self.config.task).check()
         for path in problems:
             source = path.read_text(errors="replace")
             yield KernelsTask(

@@ -8,12 +8,18 @@ agentinfra is not installed beside verifiers (their `openai` pins differ), and n
 here imports, runs or parses a model's output as code.
 """
 
-from agentinfra_verifiers._env import LocalReplyEnv, LocalReplyEnvConfig
+from agentinfra_verifiers._env import LocalEnv, LocalEnvConfig
 from agentinfra_verifiers._harness import OneReplyHarness, OneReplyHarnessConfig
+from agentinfra_verifiers._rollout_harness import (
+    RolloutTaskData,
+    ServiceRolloutHarness,
+    ServiceRolloutHarnessConfig,
+    rollout_reward,
+)
 from agentinfra_verifiers._service import (
     DEFAULT_SERVICE_URL,
     DEFAULT_TOKEN_VAR,
-    GradeService,
+    AgentinfraService,
     ServiceError,
     ServiceTaskConfig,
 )
@@ -22,12 +28,16 @@ from agentinfra_verifiers._submission import python_submission
 __all__ = [
     "DEFAULT_SERVICE_URL",
     "DEFAULT_TOKEN_VAR",
-    "GradeService",
-    "LocalReplyEnv",
-    "LocalReplyEnvConfig",
+    "AgentinfraService",
+    "LocalEnv",
+    "LocalEnvConfig",
     "OneReplyHarness",
     "OneReplyHarnessConfig",
     "ServiceError",
     "ServiceTaskConfig",
     "python_submission",
+    "RolloutTaskData",
+    "ServiceRolloutHarness",
+    "ServiceRolloutHarnessConfig",
+    "rollout_reward",
 ]

@@ -1,4 +1,4 @@
-"""`LocalReplyEnv`: one agent seat whose runtime defaults to a local subprocess.
+"""`LocalEnv`: one agent seat whose runtime defaults to a local subprocess.
 
 verifiers' agents default to a remote Prime sandbox. `OneReplyHarness` runs nothing in its
 runtime (one HTTP call, in process; the grading happens in agentinfra's jails), so a remote
@@ -11,14 +11,14 @@ from typing import Any
 
 import verifiers.v1 as vf
 
-__all__ = ["LocalReplyEnv", "LocalReplyEnvConfig"]
+__all__ = ["LocalEnv", "LocalEnvConfig"]
 
 
-class LocalReplyEnvConfig(vf.EnvConfig):
+class LocalEnvConfig(vf.EnvConfig):
     agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
     """The one seat, as `SingleAgentEnv`'s (`--env.agent.*`), on the local runtime."""
 
 
-class LocalReplyEnv(vf.Env[LocalReplyEnvConfig]):
+class LocalEnv(vf.Env[LocalEnvConfig]):
     async def run(self, task: vf.Task[Any, Any, Any], agents: vf.Agents) -> None:
         await agents.agent.run(task)

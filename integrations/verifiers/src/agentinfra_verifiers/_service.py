@@ -1,4 +1,4 @@
-"""`GradeService`: agentinfra's rollout service as a verifiers reward needs it (HTTP, httpx).
+"""`AgentinfraService`: agentinfra's rollout service as a verifiers taskset needs it (HTTP, httpx).
 
 ``POST /v1/grade`` grades one submission in agentinfra's jails and is idempotent on the
 submission's hash, so a retried or resumed rollout is not graded twice. The service reads
@@ -21,7 +21,7 @@ import verifiers.v1 as vf
 __all__ = [
     "DEFAULT_SERVICE_URL",
     "DEFAULT_TOKEN_VAR",
-    "GradeService",
+    "AgentinfraService",
     "ServiceError",
     "ServiceTaskConfig",
 ]
@@ -42,11 +42,12 @@ class ServiceTaskConfig(vf.TaskConfig):
     token_var: str = DEFAULT_TOKEN_VAR
     """Environment variable holding its bearer token; unset or empty: no token sent."""
     grade_timeout_s: float = 900.0
-    """How long one grading may take, waits for a free grading slot (429s) included."""
+    """How long one grading (or, for a whole-rollout task, one rollout) may take, waits for a
+    free slot (429s) included."""
 
 
-class GradeService:
-    """The grade endpoint of one rollout service."""
+class AgentinfraService:
+    """One rollout service: its grade endpoint, and whole rollouts (a group of one)."""
 
     def __init__(
         self, url: str, *, token: str | None = None, timeout_s: float = 900.0,
@@ -60,7 +61,7 @@ class GradeService:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     @classmethod
-    def of(cls, config: ServiceTaskConfig) -> GradeService:
+    def of(cls, config: ServiceTaskConfig) -> AgentinfraService:
         token = os.environ.get(config.token_var) or None
         return cls(config.service_url, token=token, timeout_s=config.grade_timeout_s,
                    token_var=config.token_var)  # fmt: skip
@@ -117,6 +118,40 @@ class GradeService:
                                f"({answer.status_code}): {_error_of(answer)}")  # fmt: skip
         verdict: dict[str, Any] = answer.json()
         return verdict
+
+    async def rollout(self, group: dict[str, Any], *, poll_s: float = 30.0) -> dict[str, Any]:
+        """The trajectory of a group of one rollout (``group``: a ``GroupRequest`` as JSON),
+        run by the service with agentinfra's agent loop; waits up to ``timeout_s``.
+
+        Raises:
+            ServiceError: the service is unreachable, refused the group, or the rollout took too long.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        async with httpx.AsyncClient(headers=self._headers, timeout=poll_s + 30.0) as http:
+            accepted = await self._call(http, "POST", "/v1/groups", json={**group, "group_size": 1})
+            (rid,) = accepted["rollout_ids"]
+            while time.monotonic() < deadline:
+                answer = await self._call(
+                    http, "GET", f"/v1/rollouts/{rid}", params={"wait_s": poll_s}
+                )
+                if answer.get("state") == "finished" and answer.get("trajectory") is not None:
+                    trajectory: dict[str, Any] = answer["trajectory"]
+                    return trajectory
+            await self._call(
+                http, "POST", f"/v1/rollouts/{rid}/cancel", json={"reason": "verifiers timeout"}
+            )
+        raise ServiceError(f"rollout {rid} at {self.url} took more than {self.timeout_s} s "
+                           "(--env.taskset.task.grade-timeout-s)")  # fmt: skip
+
+    async def _call(self, http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            answer = await http.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServiceError(f"cannot reach the rollout service at {self.url}: {exc!r}") from None
+        if answer.status_code >= 400:
+            raise ServiceError(f"the rollout service at {self.url} refused {method} {path} "
+                               f"({answer.status_code}): {_error_of(answer)}")  # fmt: skip
+        return answer.json()
 
 
 def _error_of(answer: httpx.Response) -> str:
