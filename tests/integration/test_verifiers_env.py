@@ -25,7 +25,12 @@ from typing import Any
 
 import pytest
 
+from agentinfra.agent import ScriptedModelServer
 from agentinfra.engines import SMOLLM2_NAME
+from agentinfra.environments.desktop import load_desktop_task
+from agentinfra.environments.desktop._policy import DesktopPolicy, solution_moves
+from agentinfra.environments.desktop._session import check_prerequisites
+from agentinfra.errors import TaskEnvironmentError
 from agentinfra.rollouts import grade_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +96,14 @@ def _serve(folder: Path, *extra: str) -> Iterator[tuple[str, Path]]:
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     with _serve(tmp_path) as started:
+        yield started
+
+
+@pytest.fixture
+def service_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """The service with the scripted model's key in its environment (keys never travel)."""
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    with _serve(tmp_path / "service") as started:
         yield started
 
 
@@ -251,3 +264,54 @@ asyncio.run(main())
     assert cheated["reward"] == 0.0
     assert failed["error"].startswith("ServiceError: agentinfra's grader failed (grader_error: ")
     assert "not a reward of 0" in failed["error"]
+
+
+@pytest.mark.slow
+@needs_verifiers
+def test_vf_eval_desktop_rollouts_are_the_services_and_an_infra_failure_is_an_error(
+    service_env: tuple[str, Path], tmp_path: Path
+) -> None:
+    """`vf-eval agentinfra-desktop`: each rollout is a whole agentinfra desktop rollout run by
+    the service against the scripted computer-use model (real jailed desktop, real grader).
+    os-mkdir is solved (reward 1); os-write-file's expected file needs the mirror, which this
+    copy of the task has not got, so its grading is a ``grader_error``: verifiers records that
+    rollout as errored, with no reward, instead of a 0."""
+    try:
+        check_prerequisites()
+    except TaskEnvironmentError as exc:
+        pytest.skip(f"no desktop here: {exc}")
+    url, state = service_env
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("os-mkdir", "os-write-file"):
+        shutil.copy(ROOT / f"examples/desktop/tasks/{name}.json", tasks / f"{name}.json")
+    mkdir = load_desktop_task(tasks / "os-mkdir.json")
+    policy = DesktopPolicy({mkdir.instruction: solution_moves(mkdir.solution())})
+    env = {**os.environ, "OPENAI_API_KEY": "test-key", "AGENTINFRA_ROLLOUTS_TOKEN": TOKEN}
+    with ScriptedModelServer(policy, models=["scripted-desktop"]) as model:
+        done = subprocess.run(
+            [str(VF_BIN / "vf-eval"), "agentinfra-desktop", "--no-push", "--no-rich",
+             "-o", str(tmp_path / "out"), "-m", "scripted-desktop", "--client.base-url", model.base_url,
+             "--client.api-key-var", "OPENAI_API_KEY", "-n", "2", "-r", "1",
+             "--env.taskset.tasks-dir", str(tasks), "--env.taskset.task.service-url", url,
+             "--env.taskset.task.max-turns", "10", "--env.taskset.task.options",
+             '{"action_space": "computer_13", "observation": "a11y"}'],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    traces = {t["task"]["data"]["name"]: t for t in _traces(tmp_path / "out")}
+    assert set(traces) == {"os-mkdir", "os-write-file"}
+    for trace in traces.values():
+        summary = trace["info"]["agentinfra_rollout"]
+        stored = json.loads((state / "trajectories" / f"{summary['run_id']}.json").read_text())
+        assert summary["reward"] == stored["reward"]
+        assert summary["infra_failure"] == stored["infra_failure"]
+    solved = traces["os-mkdir"]
+    assert solved["errors"] == []
+    assert solved["rewards"]["reward"]["score"] == 1.0
+    failed = traces["os-write-file"]
+    assert failed["info"]["agentinfra_rollout"]["infra_failure"]["kind"] == "grader_error"
+    assert failed["rewards"]["reward"] is None  # no score recorded: an error, not a 0
+    (error,) = failed["errors"]
+    assert error["type"] == "TaskError"
+    assert "an infra failure, not a reward of 0" in error["message"]
