@@ -128,26 +128,45 @@ class AgentinfraService:
         """
         deadline = time.monotonic() + self.timeout_s
         async with httpx.AsyncClient(headers=self._headers, timeout=poll_s + 30.0) as http:
-            accepted = await self._call(http, "POST", "/v1/groups", json={**group, "group_size": 1})
-            (rid,) = accepted["rollout_ids"]
-            while time.monotonic() < deadline:
-                answer = await self._call(
-                    http, "GET", f"/v1/rollouts/{rid}", params={"wait_s": poll_s}
-                )
-                if answer.get("state") == "finished" and answer.get("trajectory") is not None:
-                    trajectory: dict[str, Any] = answer["trajectory"]
-                    return trajectory
-            await self._call(
-                http, "POST", f"/v1/rollouts/{rid}/cancel", json={"reason": "verifiers timeout"}
+            accepted = await self._call(
+                http, "POST", "/v1/groups", json={**group, "group_size": 1}, until=deadline
             )
-        raise ServiceError(f"rollout {rid} at {self.url} took more than {self.timeout_s} s "
-                           "(--env.taskset.task.grade-timeout-s)")  # fmt: skip
+            (rid,) = accepted["rollout_ids"]
+            try:
+                while time.monotonic() < deadline:
+                    path = f"/v1/rollouts/{rid}"
+                    answer = await self._call(http, "GET", path, params={"wait_s": poll_s})
+                    if answer.get("state") == "finished" and answer.get("trajectory") is not None:
+                        trajectory: dict[str, Any] = answer["trajectory"]
+                        return trajectory
+            except asyncio.CancelledError:  # verifiers gave up on the rollout: so does the service
+                await asyncio.shield(self._cancel(rid, "verifiers cancelled the rollout"))
+                raise
+            await self._cancel(rid, "verifiers timeout")
+        raise ServiceError(
+            f"rollout {rid} at {self.url} took more than {self.timeout_s} s "
+            "(--env.taskset.task.grade-timeout-s)"
+        )
 
-    async def _call(self, http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            answer = await http.request(method, self.url + path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise ServiceError(f"cannot reach the rollout service at {self.url}: {exc!r}") from None
+    async def _cancel(self, rid: str, reason: str) -> None:
+        async with httpx.AsyncClient(headers=self._headers, timeout=60.0) as http:
+            await self._call(http, "POST", f"/v1/rollouts/{rid}/cancel", json={"reason": reason})
+
+    async def _call(
+        self, http: httpx.AsyncClient, method: str, path: str, *, until: float = 0.0, **kwargs: Any
+    ) -> Any:
+        """One request; a 429 is retried after its ``Retry-After`` while that ends before ``until``."""
+        while True:
+            try:
+                answer = await http.request(method, self.url + path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise ServiceError(
+                    f"cannot reach the rollout service at {self.url}: {exc!r}"
+                ) from None
+            wait_s = float(answer.headers.get("Retry-After", "5"))
+            if answer.status_code != 429 or time.monotonic() + wait_s > until:
+                break
+            await asyncio.sleep(wait_s)
         if answer.status_code >= 400:
             raise ServiceError(f"the rollout service at {self.url} refused {method} {path} "
                                f"({answer.status_code}): {_error_of(answer)}")  # fmt: skip
