@@ -12,8 +12,9 @@ logprobs are vLLM's; every trained row with its mask is a trajectory's last segm
 agentinfra's ``loss_mask``; and the weights moved.
 
 SmolLM2 never solves a kernels task, so agentinfra's reward is 0 for every rollout and every
-GRPO advantage would be 0 (no gradient): a second reward function, minus the number of
-sampled tokens / 100 (None for an infra failure, as agentinfra's), gives the steps a signal.
+GRPO advantage would be 0 (no gradient): a second reward function, the number of
+distinct token ids in the completion / 100 (None for an infra failure, as agentinfra's), gives
+the steps a signal.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ TASKS = [
 ]
 G = 2
 STEPS = 2
+"""One group (one task, G rollouts) per step: on 2 cores a step's forward and backward over
+G sequences of ~1,000 tokens is most of the test's time and memory."""
 
 
 class ServiceThread:
@@ -72,11 +75,12 @@ def rollout_service(tmp_path: Path) -> Iterator[str]:
         yield url
 
 
-def shorter_is_better(
+def distinct_tokens(
     completion_ids: list[list[int]], infra_failure: list[str | None], **_: Any
 ) -> list[float | None]:
+    """A signal that differs between rollouts (every completion here is cut at the same length)."""
     return [
-        None if failed else -len(ids) / 100
+        None if failed else len(set(ids)) / 100
         for ids, failed in zip(completion_ids, infra_failure, strict=True)
     ]
 
@@ -95,6 +99,8 @@ def _runs(mask: list[int]) -> list[tuple[int, int]]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
+# TRL 1.16 still calls transformers 5's deprecated gradient-checkpointing names itself
+@pytest.mark.filterwarnings(r"ignore:`(is_)?gradient_checkpointing\w*` is deprecated:FutureWarning")
 def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
     smollm2_vllm: str, rollout_service: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,14 +139,13 @@ def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
             return produced[-1]
 
         config = GRPOConfig(
-            output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=len(TASKS) * G,
+            output_dir=str(tmp_path / "out"), use_cpu=True, per_device_train_batch_size=G,
             num_generations=G, max_steps=STEPS, learning_rate=1e-5, beta=0.0, logging_steps=1,
             report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0, bf16=False,
-            activation_checkpointing=False,
         )  # fmt: skip
         trainer = Recording(
             model=model, args=config, processing_class=AutoTokenizer.from_pretrained(smollm2_dir()),
-            reward_funcs=[agentinfra_reward, shorter_is_better], rollout_func=recorded,
+            reward_funcs=[agentinfra_reward, distinct_tokens], rollout_func=recorded,
             train_dataset=Dataset.from_dict({"prompt": TASKS}),
         )  # fmt: skip
         started = time.monotonic()
@@ -154,7 +159,7 @@ def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
     # each row the loss saw is a trajectory's last segment with agentinfra's loss mask
     client = RolloutClient(rollout_service)
     run_ids = [rid for out in produced for rid in out["run_id"]]
-    assert len(run_ids) == len(set(run_ids)) == STEPS * len(TASKS) * G
+    assert len(run_ids) == len(set(run_ids)) == STEPS * G
     trajectories = {rid: client.rollout(rid)["trajectory"] for rid in run_ids}
     expected = sorted(
         (tuple(t["segments"][-1]["token_ids"]), tuple(t["segments"][-1]["loss_mask"]))
@@ -196,7 +201,7 @@ def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
     changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed, "no parameter moved in two GRPO steps"
     print(
-        f"TRL GRPO on CPU: {STEPS} steps of {len(TASKS)} tasks x G={G} in {train_s:.1f} s "
+        f"TRL GRPO on CPU: {STEPS} steps of 1 task x G={G} in {train_s:.1f} s "
         f"(rollouts {sum(step_s):.1f} s: {[round(s, 1) for s in step_s]}); token check: "
         f"{compared} trained tokens ({sampled} sampled) equal to vLLM's in "
         f"{sum(bool(_runs(m)) for _, m, _ in trained)} rows, {len(failures)} infra failures; "
