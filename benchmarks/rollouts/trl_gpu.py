@@ -66,7 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=1e-6)
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-output-tokens", type=int, default=512)
-    parser.add_argument("--context-tokens", type=int, default=16384)
+    parser.add_argument(
+        "--context-tokens", type=int, default=8192, help="agent budget and vLLM --max-model-len"
+    )
     parser.add_argument(
         "--tool-parser", default="hermes", help="vLLM's --tool-call-parser for the model"
     )

@@ -8,6 +8,7 @@ with the attributes TRL's ``GRPOTrainer`` has. The real service, vLLM and TRL ru
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -294,3 +295,12 @@ def test_an_unreachable_service_is_one_line_naming_it() -> None:
     ) as caught:
         generate(["t1.py"], fake_trainer(1))
     assert "\n" not in str(caught.value)
+
+
+def test_it_also_runs_where_an_event_loop_is_already_running(service: FakeService) -> None:
+    generate = rollout_func(service.url, model="m", base_url="http://engine/v1")
+
+    async def inside_a_loop() -> dict[str, list[Any]]:
+        return generate(["t1.py", "t1.py"], fake_trainer())
+
+    assert asyncio.run(inside_a_loop())["run_id"] == ["g0-0", "g0-1"]
