@@ -57,8 +57,9 @@ __all__ = [
     "TrainerLike",
     "TrlRow",
     "agentinfra_reward",
-    "row_of_trajectory",
     "rollout_func",
+    "row_of_trajectory",
+    "tasks_of",
 ]
 
 logger = logging.getLogger(__name__)
