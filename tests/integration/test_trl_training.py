@@ -198,6 +198,10 @@ def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
             sampled += end - start
         compared += len(sequence)
     assert sampled > 0
+    # multi-turn rows: the environment's tokens between two calls are in the completion, masked out
+    assert any(0 in m[m.index(1) :] for _, m, _ in trained if 1 in m)
+    # no weight sync on CPU: every call was made at policy version "0" (decision 0018)
+    assert {c["policy_version"] for t in trajectories.values() for c in t["calls"]} == {"0"}
     changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed, "no parameter moved in two GRPO steps"
     print(
