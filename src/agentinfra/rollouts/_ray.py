@@ -60,6 +60,8 @@ DESKTOP_EPISODE_MEMORY_BYTES = 8 << 30
 """A desktop episode's default memory: its session's memory limit (`DesktopSessionConfig`)."""
 _DESKTOP_EPISODE_CPUS = 2.0
 _CANCEL_WAIT_S = 5.0
+_MAX_UNSTARTED = 3
+"""Times an episode lost before it started on a node is placed again (it ran nothing)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,12 +233,11 @@ class RayCluster:
                     f"cannot reach the Ray cluster at --ray {placement.address}: "
                     f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
                 ) from None
-        self._episode = ray.remote(_episode_remote).options(
-            num_returns="streaming", max_retries=0, scheduling_strategy="SPREAD"
-        )
-        self._sweep = ray.remote(_sweep_remote).options(num_cpus=0, max_retries=0)
+        self._episode = ray.remote(_episode_remote)
+        self._sweep = ray.remote(_sweep_remote)
         self._lost = _node_lost_errors()
         self.lost_nodes: set[str] = set()
+        self._background: set[asyncio.Task[list[int]]] = set()
 
     def nodes(self) -> dict[str, dict[str, float]]:
         """Live node id -> its total resources."""
@@ -272,7 +273,10 @@ class RayCluster:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         refs = [
-            self._sweep.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            self._sweep.options(
+                num_cpus=0, max_retries=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote()
             for node in self.nodes()
         ]  # fmt: skip
         swept: set[int] = set()
@@ -308,49 +312,52 @@ class RayCluster:
         )  # fmt: skip
         options = _ray_options(episode_resources(placement, group.request.environment))
         lost: list[str] = []
+        unstarted = 0
         started = time.monotonic()
         trajectory: dict[str, Any] | None = None
         while True:
             node: list[str] = []
+            failure: dict[str, str] | None = None
             try:
                 trajectory = await self._attempt(job, options, node, cancel_reason)
-                failure = None
             except self._lost as exc:
+                if (
+                    not node and unstarted < _MAX_UNSTARTED
+                ):  # lost on its way to a node: nothing ran
+                    unstarted += 1
+                    continue
                 lost.append(node[0] if node else "?")
                 self.lost_nodes.update(lost)
                 logger.warning(
-                    "rollout %s: its node %s was lost (%s)",
-                    rollout_id,
-                    lost[-1],
-                    type(exc).__name__,
+                    "rollout %s: node %s lost (%s)", rollout_id, lost[-1], type(exc).__name__
                 )
-                with contextlib.suppress(Exception):
-                    await self.sweep()
+                self._sweep_soon()
                 if len(lost) <= placement.node_retries:
-                    continue
-                failure = {"kind": "node_lost",
-                           "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]}  # fmt: skip
-                trajectory = None
+                    continue  # resumed from its run directory on a node Ray picks
+                failure, trajectory = _failure("node_lost", exc), None
             except (
                 Exception
             ) as exc:  # the task itself failed (not the episode: run_rollout labels that)
                 logger.exception("rollout %s: its Ray task failed", rollout_id)
-                failure = {"kind": "internal",
-                           "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]}  # fmt: skip
-                trajectory = None
+                failure, trajectory = _failure("internal", exc), None
             break
         if trajectory is None:
             trajectory = await asyncio.to_thread(
                 read_trajectory, runs_dir / rollout_id, group, failure=failure,
                 cancelled=cancel_reason(),
             )  # fmt: skip
-            trajectory.setdefault("rollout", {})["service_wall_s"] = round(
-                time.monotonic() - started, 3
-            )
+            wall_s = round(time.monotonic() - started, 3)
+            trajectory.setdefault("rollout", {})["service_wall_s"] = wall_s
         record = trajectory.setdefault("rollout", {})
         record["node_id"] = node[0] if node else (lost[-1] if lost else None)
         record["lost_nodes"] = lost
         return trajectory
+
+    def _sweep_soon(self) -> None:
+        """Sweeps every live node in the background (a resumed episode need not wait for it)."""
+        task = asyncio.create_task(self.sweep())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _attempt(
         self,
@@ -363,7 +370,9 @@ class RayCluster:
 
         Returns None when cancelled with a reason (the caller reads the partial trajectory).
         """
-        stream = self._episode.options(**options).remote(job)
+        stream = self._episode.options(
+            num_returns="streaming", max_retries=0, scheduling_strategy="SPREAD", **options
+        ).remote(job)
         try:
             node.append(await _next(stream))
             trajectory: dict[str, Any] = await _next(stream)
@@ -380,6 +389,10 @@ class RayCluster:
         """Disconnects from the cluster: Ray ends this service's episode tasks with it."""
         with contextlib.suppress(Exception):
             self._ray.shutdown()
+
+
+def _failure(kind: str, exc: BaseException) -> dict[str, str]:
+    return {"kind": kind, "message": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:2000]}
 
 
 async def _next(stream: Any) -> Any:
