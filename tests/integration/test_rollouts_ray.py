@@ -147,7 +147,6 @@ def test_kill_9_of_the_service_and_a_node_leaves_no_orphan_and_loses_no_rollout(
             service.stop()
     assert [a["trajectory"]["infra_failure"]["kind"] for a in answers] == ["cancelled"] * 2
     journalled = _journalled(tmp_path / "state")
-    assert {rid: journalled.get(rid) for rid in group["rollout_ids"]} == {
-        rid: "cancelled" for rid in group["rollout_ids"]
-    }
-    cluster.add_node(num_cpus=2)
+    assert {rid: journalled.get(rid) for rid in group["rollout_ids"]} == dict.fromkeys(
+        group["rollout_ids"], "cancelled"
+    )

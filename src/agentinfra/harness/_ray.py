@@ -43,22 +43,6 @@ def _evaluate_remote(
     return asyncio.run(environment.evaluate(submission, seed=seed)).to_json()
 
 
-def _grading_resources(
-    settings: BaseModel,
-    *,
-    num_cpus: float | None = 1.0,
-    num_gpus: float = 1.0,
-    resources: Mapping[str, float] | None = None,
-) -> dict[str, float]:
-    """What one grading under ``settings`` declares, in Ray's resource names (``CPU``, ``GPU``, custom)."""
-    threads = getattr(settings, "threads", 1)
-    cpus = num_cpus if num_cpus is not None else float(threads if isinstance(threads, int) else 1)
-    need = {"CPU": cpus, **(resources or {})}
-    if getattr(settings, "device", "cpu") == "cuda" and num_gpus > 0:
-        need["GPU"] = num_gpus
-    return need
-
-
 class RayExecutor:
     """Evaluations as Ray tasks (one CPU each by default), for any registered environment."""
 
@@ -86,9 +70,27 @@ class RayExecutor:
         self._resources = dict(resources or {})
         self.where = f"ray:{address or 'local'}"
 
+    @staticmethod
+    def resources_of(
+        settings: BaseModel,
+        *,
+        num_cpus: float | None = 1.0,
+        num_gpus: float = 1.0,
+        resources: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """What one grading under ``settings`` declares, in Ray's names (``CPU``, ``GPU``, custom)."""
+        threads = getattr(settings, "threads", 1)
+        cpus = (
+            num_cpus if num_cpus is not None else float(threads if isinstance(threads, int) else 1)
+        )
+        need = {"CPU": cpus, **(resources or {})}
+        if getattr(settings, "device", "cpu") == "cuda" and num_gpus > 0:
+            need["GPU"] = num_gpus
+        return need
+
     def options_of(self, settings: BaseModel) -> dict[str, Any]:
-        """Ray's task options for one grading under ``settings`` (CPU, GPU for CUDA, custom resources)."""
-        need = _grading_resources(settings, num_cpus=self._cpus, num_gpus=self._gpus,
+        """Ray's task options for one grading under ``settings`` (`resources_of`)."""
+        need = self.resources_of(settings, num_cpus=self._cpus, num_gpus=self._gpus,
                                  resources=self._resources)  # fmt: skip
         custom = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
         return {"num_cpus": need["CPU"], "num_gpus": need.get("GPU", 0.0), "resources": custom}

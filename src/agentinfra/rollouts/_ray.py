@@ -50,6 +50,7 @@ __all__ = [
     "DESKTOP_EPISODE_MEMORY_BYTES",
     "RayCluster",
     "RayPlacement",
+    "Shortfall",
     "episode_resources",
     "unsatisfiable",
 ]
@@ -127,9 +128,18 @@ def _amount(name: str, value: float) -> str:
     return f"{value:g}"
 
 
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Why no live node can ever hold a demand."""
+
+    resource: str | None
+    """The resource no node has enough of; None when each fits somewhere but not all on one node."""
+    message: str
+
+
 def unsatisfiable(
     need: Mapping[str, float], nodes: Sequence[Mapping[str, float]], what: str
-) -> str | None:
+) -> Shortfall | None:
     """Why no node of ``nodes`` (their total resources) can ever hold ``need``; None when one can.
 
     The message names the first resource no node has enough of, the need and the largest
@@ -141,10 +151,19 @@ def unsatisfiable(
     for name, amount in wanted.items():
         largest = max((node.get(name, 0.0) for node in nodes), default=0.0)
         if largest < amount:
-            return (f"{what} needs {name}={_amount(name, amount)} but the largest live node has "
-                    f"{name}={_amount(name, largest)}")  # fmt: skip
+            return Shortfall(name, f"{what} needs {name}={_amount(name, amount)} but the largest "
+                             f"live node has {name}={_amount(name, largest)}")  # fmt: skip
     shown = ", ".join(f"{k}={_amount(k, v)}" for k, v in wanted.items())
-    return f"{what} needs {shown} on one node and no live node has all of it"
+    return Shortfall(None, f"{what} needs {shown} on one node and no live node has all of it")
+
+
+def _knob(side: str, resource: str | None) -> str:
+    """The flag that sets ``resource`` for ``side`` (episode, grading)."""
+    flags = {"CPU": f"--ray-{side}-cpus", "GPU": "--ray-grading-gpus",
+             "memory": "--ray-episode-memory-gib"}  # fmt: skip
+    if resource is None:
+        return f"--ray-{side}-* or the cluster's nodes"
+    return flags.get(resource, f"--ray-{side}-resource")
 
 
 def _ray_options(need: Mapping[str, float]) -> dict[str, Any]:
@@ -251,22 +270,15 @@ class RayCluster:
             ConfigError: one line naming the resource, the need, the largest node and the knob.
         """
         nodes = list(self.nodes().values())
-        episode = episode_resources(self.placement, environment)
-        why = unsatisfiable(episode, nodes, f"a {environment} episode")
-        if why is not None:
-            raise ConfigError(
-                f"{why} (--ray-episode-cpus, --ray-episode-memory-gib, --ray-episode-resource)"
-            )
         grading_settings = environment_definition(environment).new_settings(settings)
-        need = RayExecutor(num_cpus_per_grading=self.placement.grading_cpus,
-                           num_gpus_per_grading=self.placement.grading_gpus,
-                           resources=self.placement.grading_resources).options_of(grading_settings)  # fmt: skip
-        grading = {"CPU": need["num_cpus"], "GPU": need["num_gpus"], **need["resources"]}
-        why = unsatisfiable(grading, nodes, f"a {environment} grading")
-        if why is not None:
-            raise ConfigError(
-                f"{why} (--ray-grading-cpus, --ray-grading-gpus, --ray-grading-resource)"
-            )
+        grading = RayExecutor.resources_of(grading_settings, num_cpus=self.placement.grading_cpus,
+                                           num_gpus=self.placement.grading_gpus,
+                                           resources=self.placement.grading_resources)  # fmt: skip
+        for side, need in (("episode", episode_resources(self.placement, environment)),
+                           ("grading", grading)):  # fmt: skip
+            short = unsatisfiable(need, nodes, f"a {environment} {side}")
+            if short is not None:
+                raise ConfigError(f"{short.message} ({_knob(side, short.resource)})")
 
     async def sweep(self) -> list[int]:
         """`sweep_orphaned_jails` on every live node; the uids swept (sorted, once each)."""
