@@ -74,15 +74,15 @@ class SeededExecutor:
     ) -> None:
         self._seed = seed
         self._slots = slots
-        self._inner: Executor = inner or LocalExecutor()
-        self.where = self._inner.where
+        self._local: Executor = inner or LocalExecutor()  # the evaluator (named for its default)
+        self.where = self._local.where
 
     async def evaluate(self, request: EvaluationRequest) -> Evaluation:
         request = dataclasses.replace(request, seed=self._seed)
         if self._slots is None:
-            return await self._inner.evaluate(request)
+            return await self._local.evaluate(request)
         async with self._slots.hold(grading_cost(request.settings)):
-            return await self._inner.evaluate(request)
+            return await self._local.evaluate(request)
 
 
 def infra_failure_of(exc: BaseException) -> dict[str, str]:
