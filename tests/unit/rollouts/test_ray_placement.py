@@ -156,3 +156,29 @@ def test_a_group_no_node_can_run_is_refused_naming_the_knob() -> None:
     cuda = dataclasses.replace(settings, grader=dataclasses.replace(GraderConfig(), device="cuda"))
     with pytest.raises(ConfigError, match=r"grading needs GPU=1 .* \(--ray-grading-gpus\)"):
         _OfflineCluster(RayPlacement(address="auto"), []).check("kernels", cuda)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (
+            ["--ray-episode-resource", "rollout"],
+            "--ray-episode-resource 'rollout' must be NAME=AMOUNT",
+        ),
+        (["--ray-grading-resource", "grading=-1"], "--ray-grading-resource grading=-1.0"),
+        (["--ray-node-retries", "-1"], "--ray-node-retries -1"),
+    ],
+)
+def test_serve_refuses_bad_ray_flags_before_anything_starts(
+    flags: list[str], named: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from agentinfra.cli import app
+
+    result = CliRunner().invoke(
+        app, ["rollouts", "serve", "--state-dir", str(tmp_path), "--ray", "auto", *flags]
+    )
+    assert isinstance(result.exception, ConfigError), result.output
+    assert named in str(result.exception)
+    assert not (tmp_path / "service.jsonl").exists()
