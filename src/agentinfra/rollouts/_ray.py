@@ -358,9 +358,10 @@ class RayCluster:
                 read_trajectory, runs_dir / rollout_id, group, failure=failure,
                 cancelled=cancel_reason(),
             )  # fmt: skip
-            wall_s = round(time.monotonic() - started, 3)
-            trajectory.setdefault("rollout", {})["service_wall_s"] = wall_s
         record = trajectory.setdefault("rollout", {})
+        if "service_wall_s" in record:  # the episode's own time on its node
+            record["node_wall_s"] = record["service_wall_s"]
+        record["service_wall_s"] = round(time.monotonic() - started, 3)  # placement included
         record["node_id"] = node[0] if node else (lost[-1] if lost else None)
         record["lost_nodes"] = lost
         return trajectory
