@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -245,6 +246,8 @@ class RayCluster:
         self._ray = ray
         if not ray.is_initialized():
             address = None if placement.address == "local" else placement.address
+            if address is not None:
+                _probe(address)
             try:
                 ray.init(address=address, include_dashboard=False, log_to_driver=False)
             except Exception as exc:  # Ray raises many types for an unreachable cluster
@@ -402,6 +405,24 @@ class RayCluster:
         """Disconnects from the cluster: Ray ends this service's episode tasks with it."""
         with contextlib.suppress(Exception):
             self._ray.shutdown()
+
+
+def _probe(address: str, timeout_s: float = 10.0) -> None:
+    """Refuses a ``HOST:PORT`` (or ``ray://HOST:PORT``) nothing listens on: `ray.init` would wait forever.
+
+    Raises:
+        RolloutError: the address does not accept a TCP connection within ``timeout_s``.
+    """
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise RolloutError(
+            f"cannot reach the Ray cluster at --ray {address}: {exc.strerror or exc} "
+            "(start its head with `ray start --head`, or give its address)"
+        ) from None
 
 
 def _failure(kind: str, exc: BaseException) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,12 @@ def test_serve_refuses_bad_ray_flags_before_anything_starts(
     assert isinstance(result.exception, ConfigError), result.output
     assert named in str(result.exception)
     assert not (tmp_path / "service.jsonl").exists()
+
+
+def test_an_address_nothing_listens_on_is_refused_at_once() -> None:
+    from agentinfra.errors import RolloutError
+
+    started = time.monotonic()
+    with pytest.raises(RolloutError, match=r"cannot reach the Ray cluster at --ray 127\.0\.0\.1:9"):
+        RayCluster(RayPlacement(address="127.0.0.1:9"))  # ray.init would wait for it forever
+    assert time.monotonic() - started < 10
