@@ -112,10 +112,10 @@ def _alive(processes: set[tuple[int, int]]) -> int:
     return alive
 
 
-def kill9(folder: Path, cluster: Any) -> dict[str, Any]:
+def kill9(folder: Path, args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
     state = folder / "kill9"
     with ScriptedModelServer(solver, models=[MODEL]) as model:
-        service = Service(state, "--ray", cluster.address, "--concurrency", "4")
+        service = Service(state, "--ray", cluster.address, "--concurrency", str(args.concurrency))
         group = service.client.submit_group(_group(model.base_url, 4, stream=False))
         raylets = [n.all_processes["raylet"][0].process.pid for n in cluster.list_all_nodes()]
         jailed: set[tuple[int, int]] = set()
@@ -125,6 +125,8 @@ def kill9(folder: Path, cluster: Any) -> dict[str, Any]:
             if jailed:
                 break
             time.sleep(0.02)
+        if not jailed:
+            raise SystemExit("kill9: no grading jail started in 300 s")
         workers_before = _episode_workers()
         service.stop(9)
         (worker,) = cluster.worker_nodes
@@ -135,8 +137,8 @@ def kill9(folder: Path, cluster: Any) -> dict[str, Any]:
         workers_gone_s = time.monotonic() - killed_at
         orphans_before_restart = _alive(jailed)
         workers_after = _episode_workers()
-        cluster.add_node(num_cpus=2)
-        restarted = Service(state, "--ray", cluster.address, "--concurrency", "4")
+        cluster.add_node(num_cpus=args.node_cpus)
+        restarted = Service(state, "--ray", cluster.address, "--concurrency", str(args.concurrency))
         trajectories = restarted.client.trajectories(group["group_id"])
         restarted.stop()
     events = [json.loads(line) for line in (state / "service.jsonl").read_text().splitlines()]
@@ -163,7 +165,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="4 rollouts, throughput only.")
     parser.add_argument("--rollouts", type=int, default=16, help="A multiple of 4 (groups of 4).")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--node-cpus", type=int, default=2, help="Logical CPUs of each Ray node.")
+    parser.add_argument(
+        "--node-cpus", type=int, default=3,
+        help="Logical CPUs of each Ray node (--concurrency episodes and a grading must fit in both).",
+    )  # fmt: skip
     parser.add_argument("--model-delay-ms", type=float, default=500.0)
     parser.add_argument("--parts", default="throughput,kill9")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "ray.jsonl")
@@ -188,7 +193,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
             for part in args.parts.split(","):
                 record = {"throughput": lambda: throughput(Path(tmp), args, cluster),
-                          "kill9": lambda: kill9(Path(tmp), cluster)}[part]()  # fmt: skip
+                          "kill9": lambda: kill9(Path(tmp), args, cluster)}[part]()  # fmt: skip
                 line = json.dumps({**meta, **record})
                 print(line, flush=True)
                 if not args.smoke:

@@ -1,6 +1,6 @@
 """The rollout service on a local two-node Ray cluster (`ray.cluster_utils.Cluster`): placement, a lost node, orphans.
 
-The cluster (a head and one worker node, two CPUs each) runs in this process's children;
+The cluster (a head with three CPUs and one worker node with two) runs in this process's children;
 the service runs as `agentinfra rollouts serve --ray ADDRESS` in a child process, so its
 ``kill -9`` is real, and a node is killed with ``Cluster.remove_node(allow_graceful=False)``
 (SIGKILL to its raylet and its workers). The model is `ScriptedModelServer`.
@@ -31,7 +31,7 @@ def cluster() -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     local = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": False, "_system_config": _FAST_FAILURE})  # fmt: skip
+        "num_cpus": 3, "include_dashboard": False, "_system_config": _FAST_FAILURE})  # fmt: skip
     local.add_node(num_cpus=2)
     try:
         yield local

@@ -266,11 +266,12 @@ class RayCluster:
         listed: list[dict[str, Any]] = self._ray.nodes()  # type: ignore[no-untyped-call]
         return {n["NodeID"]: dict(n["Resources"]) for n in listed if n["Alive"]}
 
-    def check(self, environment: str, settings: Settings) -> None:
-        """Refuses a group no live node could ever run: its episode or its grading fits no node.
+    def check(self, environment: str, settings: Settings, *, concurrency: int = 1) -> None:
+        """Refuses a group no live node could ever run: its episode or its grading fits no node, or
+        ``concurrency`` episodes would hold every CPU a grading could get.
 
         Raises:
-            ConfigError: one line naming the resource, the need, the largest node and the knob.
+            ConfigError: one line naming the resource, the need, what the cluster has and the knob.
         """
         nodes = list(self.nodes().values())
         grading_settings = environment_definition(environment).new_settings(settings)
@@ -282,6 +283,15 @@ class RayCluster:
             short = unsatisfiable(need, nodes, f"a {environment} {side}")
             if short is not None:
                 raise ConfigError(f"{short.message} ({_knob(side, short.resource)})")
+        episode_cpus = episode_resources(self.placement, environment)["CPU"]
+        total = sum(node.get("CPU", 0.0) for node in nodes)
+        if grading["CPU"] > 0 and concurrency * episode_cpus + grading["CPU"] > total:
+            raise ConfigError(
+                f"--concurrency {concurrency} {environment} episodes (CPU={episode_cpus:g} each) and "
+                f"a grading (CPU={grading['CPU']:g}) need CPU={concurrency * episode_cpus + grading['CPU']:g} "
+                f"but the live nodes have CPU={total:g} in all: gradings would wait forever for CPUs "
+                "the episodes hold (lower --concurrency or --ray-episode-cpus)"
+            )
 
     async def sweep(self) -> list[int]:
         """`sweep_orphaned_jails` on every live node; the uids swept (sorted, once each)."""

@@ -500,7 +500,8 @@ class RolloutService:
             request.loop_config()
             key = self.api_key_of(request.api_key_env)
             if self.cluster is not None:
-                await asyncio.to_thread(self.cluster.check, request.environment, self.settings)
+                await asyncio.to_thread(self.cluster.check, request.environment, self.settings,
+                                        concurrency=self.config.concurrency)  # fmt: skip
         except ConfigError as exc:
             raise _RefusedError(400, str(exc)) from None
         except AgentInfraError as exc:

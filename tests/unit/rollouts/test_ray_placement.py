@@ -192,3 +192,16 @@ def test_an_address_nothing_listens_on_is_refused_at_once() -> None:
     with pytest.raises(RolloutError, match=r"cannot reach the Ray cluster at --ray 127\.0\.0\.1:9"):
         RayCluster(RayPlacement(address="127.0.0.1:9"))  # ray.init would wait for it forever
     assert time.monotonic() - started < 10
+
+
+def test_episodes_that_would_hold_every_cpu_a_grading_needs_are_refused() -> None:
+    cluster = _OfflineCluster(RayPlacement(address="auto"), [])  # nodes: CPU 2 + 8
+    cluster.check("kernels", Settings(), concurrency=9)  # 9 episodes + 1 grading = 10
+    with pytest.raises(ConfigError) as refused:
+        cluster.check("kernels", Settings(), concurrency=10)
+    assert str(refused.value).startswith(
+        "--concurrency 10 kernels episodes (CPU=1 each) and a grading (CPU=1) need CPU=11 "
+        "but the live nodes have CPU=10 in all"
+    )
+    halves = _OfflineCluster(RayPlacement(address="auto", episode_cpus=0.5), [])
+    halves.check("kernels", Settings(), concurrency=18)
