@@ -18,9 +18,9 @@ Parts, one JSON line each (with the git revision, Python and the machine):
   then ``overhead_s_per_episode`` = p50(ray) - p50(local).
 - ``kill9``: a group of 4 that writes, submits and awaits the honest kernel (one grading
   each, a Ray task); once a grading's jail runs, ``kill -9`` of the service and
-  ``remove_node`` (SIGKILL) of the worker node. Counted then: processes left under
-  sandbox uids that the service's rollouts started, Ray workers still running an episode or
-  a grading; after a restart: uids its sweep killed, rollouts accounted for in the journal
+  ``remove_node`` (SIGKILL) of the worker node. Counted then: Ray workers still running an
+  episode or a grading (until none, at most 60 s), and processes under sandbox uids that the
+  service's rollouts started, when those workers are gone and 5 s after the kill; after a restart: uids its sweep killed, rollouts accounted for in the journal
   (finished, by label) out of those accepted, and sandbox processes left after it stops.
 """
 
@@ -135,8 +135,10 @@ def kill9(folder: Path, args: argparse.Namespace, cluster: Any) -> dict[str, Any
         while _episode_workers() and time.monotonic() - killed_at < 60:
             time.sleep(0.1)
         workers_gone_s = time.monotonic() - killed_at
-        orphans_before_restart = _alive(jailed)
+        orphans_at_workers_gone = _alive(jailed)
         workers_after = _episode_workers()
+        time.sleep(max(0.0, killed_at + 5 - time.monotonic()))
+        orphans_5s_after_kill = _alive(jailed)
         cluster.add_node(num_cpus=args.node_cpus)
         restarted = Service(state, "--ray", cluster.address, "--concurrency", str(args.concurrency))
         trajectories = restarted.client.trajectories(group["group_id"])
@@ -154,7 +156,8 @@ def kill9(folder: Path, args: argparse.Namespace, cluster: Any) -> dict[str, Any
         "labels": labels, "jailed_at_kill": len(jailed),
         "episode_workers_at_kill": workers_before, "episode_workers_after_kill": workers_after,
         "episode_workers_gone_s": round(workers_gone_s, 2),
-        "orphaned_jail_processes_before_restart": orphans_before_restart,
+        "jail_processes_when_workers_gone": orphans_at_workers_gone,
+        "jail_processes_5s_after_kill": orphans_5s_after_kill,
         "swept_uids_at_restart": len(swept[-1]) if swept else None,
         "jail_processes_left_after_stop": _alive(jailed),
     }  # fmt: skip
