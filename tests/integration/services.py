@@ -3,7 +3,6 @@ and the processes running under the sandbox's uids (leak checks)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentinfra.sandbox import UID_RANGE
+from agentinfra.sandbox import UID_RANGE, pids_by_uid
 
 
 def free_port() -> int:
@@ -72,12 +71,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 def sandboxed_processes() -> set[tuple[int, int]]:
     """(pid, uid) of every process running under one of the sandbox's uids."""
     found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uid = os.stat(f"/proc/{entry}").st_uid
-            except OSError:
-                continue
-            if UID_RANGE[0] <= uid < UID_RANGE[1]:
-                found.add((int(entry), uid))
+    for uid, pids in pids_by_uid().items():
+        if UID_RANGE[0] <= uid < UID_RANGE[1]:
+            found.update((pid, uid) for pid in pids)
     return found

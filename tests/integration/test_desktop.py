@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from agentinfra.environments.desktop import (
 )
 from agentinfra.environments.desktop._session import check_prerequisites
 from agentinfra.errors import TaskEnvironmentError
+from agentinfra.sandbox import pids_by_uid
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ROOT / "examples" / "desktop" / "tasks"
@@ -94,8 +94,7 @@ async def _calc_observation() -> None:
         assert "No such file" in "\n".join(rest)
         assert "/home/user" in probe
         assert not (TASKS.exists() and str(ROOT) in probe)
-    assert not any(os.stat(f"/proc/{p}").st_uid == session.uid for p in os.listdir("/proc") if p.isdigit()
-                   and os.path.exists(f"/proc/{p}"))  # fmt: skip
+    assert session.uid not in pids_by_uid()
 
 
 def test_scripted_calc_solution_passes_in_every_action_space(tmp_path: Path) -> None:

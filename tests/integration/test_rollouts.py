@@ -24,6 +24,7 @@ from services import sandboxed_processes
 from agentinfra.agent import Reply, ScriptedModelServer
 from agentinfra.errors import RolloutError
 from agentinfra.rollouts import RolloutClient
+from agentinfra.sandbox import pids_by_uid
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = ROOT / "examples/kernels/problems/10_slow_rowwise_softmax.py"
@@ -302,14 +303,8 @@ def _jailed_descendants(root_pid: int) -> set[tuple[int, int]]:
 
 
 def _still_alive(processes: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    alive = set()
-    for pid, uid in processes:
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == uid:
-                alive.add((pid, uid))
-        except OSError:
-            continue
-    return alive
+    now = pids_by_uid()
+    return {(pid, uid) for pid, uid in processes if pid in now.get(uid, [])}
 
 
 @pytest.mark.slow

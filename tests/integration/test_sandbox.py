@@ -30,10 +30,12 @@ from agentinfra.sandbox import (
     JailLimits,
     JailSpec,
     kill_uid,
+    pids_by_uid,
     probe_sandbox_mode,
     python_runtime_paths,
     reserve_uid,
     system_library_paths,
+    uid_is_orphaned,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +96,54 @@ def uid() -> Iterator[int]:
     finally:
         kill_uid(reserved)
         os.close(lock)
+
+
+NON_DUMPABLE = (
+    "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); print('hidden', flush=True); input()"
+)
+"""A process that makes itself non-dumpable (PR_SET_DUMPABLE = 4), as the desktop's controller does."""
+
+
+def _non_dumpable(uid: int) -> subprocess.Popen[str]:
+    child = subprocess.Popen(["/usr/bin/python3", "-c", NON_DUMPABLE], user=uid, group=uid, extra_groups=[],
+                             cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline() == "hidden\n"
+    # The files under a non-dumpable process's /proc entry read as root's; only the
+    # directory itself keeps the effective uid. The walk reads the Uid: line instead.
+    assert os.stat(f"/proc/{child.pid}/status").st_uid == 0
+    return child
+
+
+def _reap(child: subprocess.Popen[str]) -> None:
+    child.kill()
+    child.communicate()
+
+
+def test_a_non_dumpable_process_is_still_its_uids_and_is_killed(uid: int) -> None:
+    child = _non_dumpable(uid)
+    try:
+        assert child.pid in pids_by_uid()[uid]  # so reserve_uid will not hand this uid out
+        assert not uid_is_orphaned(uid)  # the fixture holds the reservation
+        assert kill_uid(uid) == 1
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        _reap(child)
+
+
+def test_a_non_dumpable_orphan_is_swept_after_its_owner_died() -> None:
+    from agentinfra.rollouts import sweep_orphaned_jails
+
+    reserved, lock = reserve_uid()
+    child = _non_dumpable(reserved)
+    try:
+        os.close(lock)  # the owner dies: its flock goes with it
+        assert uid_is_orphaned(reserved)
+        assert reserved in sweep_orphaned_jails()
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        assert reserved not in pids_by_uid()
+    finally:
+        _reap(child)
 
 
 @pytest.fixture

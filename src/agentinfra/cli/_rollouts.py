@@ -316,6 +316,13 @@ def serve_command(
             help="Resumes of a rollout whose node died before it is labelled node_lost.",
         ),
     ] = 1,
+    desktop_pool: Annotated[
+        int,
+        typer.Option(
+            "--desktop-pool",
+            help="Desktops kept started for desktop episodes (0: each starts its own).",
+        ),
+    ] = 0,
 ) -> None:
     """Serve groups of rollouts, cancels and idempotent gradings over HTTP (bearer tokens, Prometheus /metrics)."""
     if not _is_loopback(host) and token_file is None:
@@ -349,6 +356,7 @@ def serve_command(
             grading_resources=_resources(ray_grading_resource or [], "--ray-grading-resource"),
             node_retries=ray_node_retries,
         ),
+        desktop_pool=desktop_pool,
     )
     kv_server = _kv_address(kv_hints) if kv_hints is not None else None
 

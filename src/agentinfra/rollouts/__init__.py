@@ -31,6 +31,7 @@ from agentinfra.rollouts._runner import (
     run_rollout,
 )
 from agentinfra.rollouts._service import RolloutService, ServiceConfig
+from agentinfra.rollouts._slots import GradingSlots, grading_cost
 from agentinfra.rollouts._spec import (
     MAX_GROUP_SIZE,
     ROLLOUT_SCHEMA_VERSION,
@@ -45,6 +46,7 @@ __all__ = [
     "GradeClaim",
     "GradeDesk",
     "GradeLedger",
+    "GradingSlots",
     "Group",
     "GroupRequest",
     "MAX_GROUP_SIZE",
@@ -57,6 +59,7 @@ __all__ = [
     "SeededExecutor",
     "ServiceConfig",
     "grade_key",
+    "grading_cost",
     "infra_failure_of",
     "new_group",
     "read_trajectory",

@@ -10,49 +10,21 @@ lock is held by a live process (another service, another run) is left alone.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import tempfile
-from pathlib import Path
-
-from agentinfra.sandbox import UID_RANGE, kill_uid
+from agentinfra.sandbox import UID_RANGE, kill_uid, pids_by_uid, uid_is_orphaned
 
 __all__ = ["sandbox_processes", "sweep_orphaned_jails"]
 
 
 def sandbox_processes() -> dict[int, list[int]]:
-    """Sandbox uid -> pids of the processes running under it."""
-    found: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                uid = os.stat(f"/proc/{entry}").st_uid
-                if UID_RANGE[0] <= uid < UID_RANGE[1]:
-                    found.setdefault(uid, []).append(int(entry))
-    return found
-
-
-def _is_unowned(uid: int) -> bool:
-    path = Path(tempfile.gettempdir()) / f"agentinfra-uids-{os.getuid()}" / str(uid)
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        return False  # not a uid we reserved (another user's jail): not ours to kill
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)  # closing drops the lock we may have taken
-    return True
+    """Sandbox uid -> pids of the processes running under it (`agentinfra.sandbox.pids_by_uid`)."""
+    return {uid: pids for uid, pids in pids_by_uid().items() if UID_RANGE[0] <= uid < UID_RANGE[1]}
 
 
 def sweep_orphaned_jails() -> list[int]:
     """Kills every process under a sandbox uid that no live jail holds; returns those uids."""
     swept = []
     for uid in sorted(sandbox_processes()):
-        if _is_unowned(uid):
+        if uid_is_orphaned(uid):
             kill_uid(uid)
             swept.append(uid)
     return swept

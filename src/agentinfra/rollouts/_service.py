@@ -99,9 +99,21 @@ class ServiceConfig:
     ray: RayPlacement | None = None
     """Run each rollout as a task on this Ray cluster (``--ray``; `agentinfra.rollouts._ray`);
     None: in this process. The queue, the book and the journal stay here either way."""
+    desktop_pool: int = 0
+    """Desktops kept started and ready for desktop episodes (`agentinfra.environments.desktop.DesktopPool`,
+    default shape only); 0: each episode starts its own."""
 
     def __post_init__(self) -> None:
         GradingSlots(self.grading_slots)  # a bad value is refused here, before anything starts
+        if isinstance(self.desktop_pool, bool) or not 0 <= self.desktop_pool <= 64:  # MAX_POOL_SIZE
+            raise ConfigError(
+                f"desktop_pool={self.desktop_pool!r} must be in 0..64 (--desktop-pool)"
+            )
+        if self.ray is not None and self.desktop_pool:
+            raise ConfigError(
+                f"--desktop-pool {self.desktop_pool} keeps desktops in the service's process, and with "
+                "--ray episodes run on the cluster's nodes: they would never use them (drop one of the two)"
+            )
         for name in ("concurrency", "max_pending", "max_grades_in_flight", "eval_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -212,6 +224,7 @@ class RolloutService:
         self._lock_fd: int | None = None
         self._journal: _ServiceJournal | None = None
         self.port = config.port
+        self._desktop_pool: Any = None  # a DesktopPool while --desktop-pool N > 0 (below)
 
     # -- paths ---------------------------------------------------------------------
 
@@ -243,6 +256,7 @@ class RolloutService:
         if self.config.ray is not None:
             self.cluster = await asyncio.to_thread(RayCluster, self.config.ray)
             self.swept_uids = sorted({*self.swept_uids, *await self.cluster.sweep()})
+        await self._start_desktop_pool()
         self._journal = _ServiceJournal.open(state / "service.jsonl")
         await self._recover()
         self._workers = [
@@ -274,6 +288,7 @@ class RolloutService:
         for task in [*self._workers, *self._tasks.values()]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._stop_desktop_pool()
         if self._journal is not None:
             self._journal.close()
         if self.cluster is not None:
@@ -281,6 +296,20 @@ class RolloutService:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    # -- the desktop pool (issue 31): started after the sweep, closed after the workers -------------
+
+    async def _start_desktop_pool(self) -> None:
+        if self.config.desktop_pool > 0:  # only a service that pools pays the desktop's import
+            from agentinfra.environments.desktop import DesktopPool
+
+            self._desktop_pool = DesktopPool(size=self.config.desktop_pool)
+            await self._desktop_pool.start()
+
+    async def _stop_desktop_pool(self) -> None:
+        pool, self._desktop_pool = self._desktop_pool, None
+        if pool is not None:
+            await pool.close()
 
     async def _recover(self) -> None:
         assert self._journal is not None

@@ -64,7 +64,14 @@ from agentinfra.sandbox._spec import (
     python_runtime_paths,
     system_library_paths,
 )
-from agentinfra.sandbox._uids import UID_RANGE, kill_uid, reserve_uid, signal_uid
+from agentinfra.sandbox._uids import (
+    UID_RANGE,
+    kill_uid,
+    pids_by_uid,
+    reserve_uid,
+    signal_uid,
+    uid_is_orphaned,
+)
 
 __all__ = [
     "ForkServer",
@@ -75,10 +82,12 @@ __all__ = [
     "SandboxMode",
     "UID_RANGE",
     "kill_uid",
+    "pids_by_uid",
     "probe_sandbox_mode",
     "process_tree",
     "python_runtime_paths",
     "reserve_uid",
     "signal_uid",
     "system_library_paths",
+    "uid_is_orphaned",
 ]

@@ -205,3 +205,10 @@ def test_episodes_that_would_hold_every_cpu_a_grading_needs_are_refused() -> Non
     )
     halves = _OfflineCluster(RayPlacement(address="auto", episode_cpus=0.5), [])
     halves.check("kernels", Settings(), concurrency=18)
+
+
+def test_a_desktop_pool_with_ray_is_refused(tmp_path: Path) -> None:
+    from agentinfra.rollouts import ServiceConfig
+
+    with pytest.raises(ConfigError, match=r"--desktop-pool 2 .* --ray"):
+        ServiceConfig(state_dir=tmp_path, ray=RayPlacement(address="auto"), desktop_pool=2)

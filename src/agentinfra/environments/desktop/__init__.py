@@ -24,6 +24,7 @@ from agentinfra.environments.desktop._environment import (
 )
 from agentinfra.environments.desktop._grading import GRADER_VERSION, DesktopVerdict, grade_episode
 from agentinfra.environments.desktop._options import DesktopAgentOptions, DesktopSettings
+from agentinfra.environments.desktop._pool import DesktopPool, PoolStats
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import (
     DesktopTask,
@@ -39,12 +40,14 @@ __all__ = [
     "DesktopAgentOptions",
     "DesktopConfig",
     "DesktopEnvironment",
+    "DesktopPool",
     "DesktopSession",
     "DesktopSettings",
     "DesktopTask",
     "DesktopVerdict",
     "ENVIRONMENT",
     "GRADER_VERSION",
+    "PoolStats",
     "SCORE",
     "TRACKS",
     "audit",

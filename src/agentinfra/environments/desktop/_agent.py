@@ -66,6 +66,7 @@ from agentinfra.environments.desktop._episode import (
     snapshot_home,
 )
 from agentinfra.environments.desktop._options import DesktopAgentOptions
+from agentinfra.environments.desktop._pool import take_pooled
 from agentinfra.environments.desktop._session import DesktopConfig, DesktopSession
 from agentinfra.environments.desktop._task import DesktopTask
 from agentinfra.errors import TaskEnvironmentError, ToolError
@@ -216,15 +217,15 @@ class DesktopAgent:
             finally:
                 self.hooks.waiting(None)
             self._slot = slots
-            session = DesktopSession(
-                DesktopConfig(width=self.options.width, height=self.options.height)
-            )
+            config = DesktopConfig(width=self.options.width, height=self.options.height)
+            session = await take_pooled(config) or DesktopSession(config)
             self.session = session
             await self._start(session)
         return self.session
 
     async def _start(self, session: DesktopSession) -> None:
-        await session.start()
+        if not session.is_started:  # a pooled desktop comes started
+            await session.start()
         self.setup_error = await run_setup(session, self.task, self.mirror)
         # The accessibility bus starts now, in the setup set, when the end reads the tree.
         if self._needs_tree():

@@ -33,6 +33,7 @@ from typing import Any
 from agentinfra.environments import Finding
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
+from agentinfra.environments.desktop._pool import take_pooled
 from agentinfra.environments.desktop._session import (
     ControllerError,
     DesktopConfig,
@@ -252,10 +253,12 @@ async def run_episode(
     episode_dir.mkdir(parents=True, exist_ok=True)
     result = EpisodeResult(task.id, action_space, track, episode_dir)
     started = time.monotonic()
-    async with DesktopSession(config) as session:
+    pooled = await take_pooled(config)  # a started desktop from the warm pool, if one runs
+    async with pooled or DesktopSession(config) as session:
         with (episode_dir / "actions.jsonl").open("w") as log:
             try:
-                await session.start()
+                if not session.is_started:
+                    await session.start()
                 result.setup_error = await run_setup(session, task, mirror)
                 result.setup_s = time.monotonic() - started
                 if result.setup_error is None:

@@ -52,6 +52,7 @@ from agentinfra.sandbox import (
     JailLimits,
     JailSpec,
     kill_uid,
+    pids_by_uid,
     probe_sandbox_mode,
     reserve_uid,
 )
@@ -198,6 +199,8 @@ class DesktopSession:
         self._turn = asyncio.Lock()
         self._cancelled_during: str | None = None
         self.started_s = 0.0
+        self.is_started = False
+        """`start` completed (a desktop from `DesktopPool` comes started)."""
         self.last_screenshot_s = 0.0
         self.closed = False
         self.setup_set: dict[tuple[int, int], str | None] = {}
@@ -215,11 +218,20 @@ class DesktopSession:
         ``/proc``), then the controller's ``start`` request on the loop."""
         await asyncio.to_thread(check_prerequisites)
         started = time.monotonic()
-        await asyncio.to_thread(self._launch)
+        launch = asyncio.ensure_future(asyncio.to_thread(self._launch))
+        try:
+            await asyncio.shield(launch)
+        except asyncio.CancelledError:
+            # A cancelled wait leaves the thread running: it may still reserve a uid and spawn the jail
+            # after `close` looked. Waiting for it (tens of ms) lets `close` find what it made.
+            with contextlib.suppress(Exception):
+                await launch
+            raise
         await self.request(
             "start", width=self.config.width, height=self.config.height, timeout_s=30
         )
         self.started_s = time.monotonic() - started
+        self.is_started = True
 
     def _launch(self) -> None:
         try:
@@ -575,27 +587,20 @@ def uid_processes(uid: int) -> list[ProcessInfo]:
     decides whether it is listed. Zombies are listed (they hold no memory but a pid).
     """
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in pids_by_uid().get(uid, []):
         try:
-            with open(f"/proc/{entry}/status", "rb") as handle:
-                status = handle.read(4096)
-            uids = next(line for line in status.split(b"\n") if line.startswith(b"Uid:"))
-            if str(uid).encode() not in uids.split()[1:]:
-                continue
-            with open(f"/proc/{entry}/stat", "rb") as handle:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
                 stat = handle.read(4096)
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 cmdline = handle.read(8192)
-        except (OSError, StopIteration):
+        except OSError:
             continue  # gone meanwhile
         close = stat.rfind(b")")
         comm = stat[stat.find(b"(") + 1 : close].decode(errors="replace")
         fields = stat[close + 2 :].split()
         start = int(fields[19])  # field 22 of the line; fields here start at field 3
         arguments = [a.decode(errors="replace")[:1000] for a in cmdline.split(b"\0")[:64] if a]
-        found.append(ProcessInfo(int(entry), start, comm, arguments))
+        found.append(ProcessInfo(pid, start, comm, arguments))
     return found
 
 
