@@ -267,6 +267,7 @@ EXPECTED: dict[str, list[str]] = {
         "GroupRequest",
         "MAX_GROUP_SIZE",
         "ROLLOUT_SCHEMA_VERSION",
+        "RayPlacement",
         "RolloutBook",
         "RolloutClient",
         "RolloutService",

@@ -27,6 +27,7 @@ from agentinfra.kvcache import load_token_file
 from agentinfra.rollouts import (
     Group,
     GroupRequest,
+    RayPlacement,
     RolloutService,
     ServiceConfig,
     new_group,
@@ -209,6 +210,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _resources(pairs: list[str], flag: str) -> dict[str, float]:
+    """``NAME=AMOUNT`` pairs as a dict; a malformed one is one `ConfigError` line naming ``flag``."""
+    found: dict[str, float] = {}
+    for pair in pairs:
+        name, _, amount = pair.partition("=")
+        try:
+            found[name.strip()] = float(amount)
+        except ValueError:
+            raise ConfigError(f"{flag} {pair!r} must be NAME=AMOUNT (such as grading=1)") from None
+    return found
+
+
 @rollouts_app.command("serve")
 def serve_command(
     host: Annotated[
@@ -255,6 +268,54 @@ def serve_command(
             "--kv-hints", help="HOST:PORT of the kv server: groups' KV sessions closed when done."
         ),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run each rollout as a task on this Ray cluster: auto, local, or HOST:PORT of its head "
+            "(state_dir must be on a file system every node sees at the same path).",
+        ),
+    ] = None,
+    ray_episode_cpus: Annotated[
+        float | None,
+        typer.Option("--ray-episode-cpus", help="CPUs per episode (default: desktop 2, else 1)."),
+    ] = None,
+    ray_episode_memory_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--ray-episode-memory-gib", help="Memory per episode (default: desktop 8, else none)."
+        ),
+    ] = None,
+    ray_episode_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ray-episode-resource",
+            help="NAME=AMOUNT a custom Ray resource per episode (repeatable).",
+        ),
+    ] = None,
+    ray_grading_cpus: Annotated[
+        float | None,
+        typer.Option(
+            "--ray-grading-cpus", help="CPUs per grading (default: the grader's threads)."
+        ),
+    ] = None,
+    ray_grading_gpus: Annotated[
+        float, typer.Option("--ray-grading-gpus", help="GPUs per CUDA grading.")
+    ] = 1.0,
+    ray_grading_resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ray-grading-resource",
+            help="NAME=AMOUNT a custom Ray resource per grading (repeatable).",
+        ),
+    ] = None,
+    ray_node_retries: Annotated[
+        int,
+        typer.Option(
+            "--ray-node-retries",
+            help="Resumes of a rollout whose node died before it is labelled node_lost.",
+        ),
+    ] = 1,
     desktop_pool: Annotated[
         int,
         typer.Option(
@@ -281,6 +342,20 @@ def serve_command(
         grading_slots=grading_slots,
         tokens=tokens,
         check_endpoint=check_endpoint,
+        ray=None
+        if ray_address is None
+        else RayPlacement(
+            address=ray_address,
+            episode_cpus=ray_episode_cpus,
+            episode_memory_bytes=None
+            if ray_episode_memory_gib is None
+            else int(ray_episode_memory_gib * 2**30),
+            episode_resources=_resources(ray_episode_resource or [], "--ray-episode-resource"),
+            grading_cpus=ray_grading_cpus,
+            grading_gpus=ray_grading_gpus,
+            grading_resources=_resources(ray_grading_resource or [], "--ray-grading-resource"),
+            node_retries=ray_node_retries,
+        ),
         desktop_pool=desktop_pool,
     )
     kv_server = _kv_address(kv_hints) if kv_hints is not None else None

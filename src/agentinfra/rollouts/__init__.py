@@ -11,6 +11,8 @@
 - `RolloutService` serves groups, cancels and idempotent gradings over HTTP with a bounded
   queue, bearer tokens, Prometheus metrics and a journal that survives ``kill -9``
   (``agentinfra rollouts serve``); `AsyncRolloutClient` and `RolloutClient` are its clients.
+  With a `RayPlacement` (``--ray``) it runs each rollout as a Ray task on a node that has
+  the resources the episode declares, and its gradings as Ray tasks of their own.
 
 This package sits beside `harness` and uses it, `environments`, `agent` and `sandbox`;
 only `cli` imports it. Public names are re-exported here in one sorted `__all__`.
@@ -20,6 +22,7 @@ from agentinfra.rollouts._book import Admission, GradeClaim, GradeLedger, Rollou
 from agentinfra.rollouts._client import AsyncRolloutClient, RolloutClient
 from agentinfra.rollouts._grading import GradeDesk, grade_key
 from agentinfra.rollouts._orphans import sandbox_processes, sweep_orphaned_jails
+from agentinfra.rollouts._ray import RayPlacement
 from agentinfra.rollouts._runner import (
     SeededExecutor,
     infra_failure_of,
@@ -48,6 +51,7 @@ __all__ = [
     "GroupRequest",
     "MAX_GROUP_SIZE",
     "ROLLOUT_SCHEMA_VERSION",
+    "RayPlacement",
     "RolloutBook",
     "RolloutClient",
     "RolloutService",

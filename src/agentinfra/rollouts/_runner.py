@@ -38,6 +38,7 @@ from agentinfra.errors import (
 from agentinfra.harness import (
     AgentRunState,
     EvaluationRequest,
+    Executor,
     LocalExecutor,
     RunDirectory,
     agent_run_spec,
@@ -60,18 +61,21 @@ logger = logging.getLogger(__name__)
 
 
 class SeededExecutor:
-    """Evaluates in this process, every request with the group's hidden ``seed``, once ``slots`` has its cores.
+    """Evaluates every request with the group's hidden ``seed``, once ``slots`` has its cores.
 
-    The wait for cores lies between the run's ``grading_started`` and ``graded``, so a
-    trajectory's time split counts it as grading.
+    The evaluation runs in this process (`LocalExecutor`), or in ``inner`` (a `RayExecutor`,
+    whose gradings Ray places by the resources they declare: no ``slots`` then). The wait
+    for cores lies between the run's ``grading_started`` and ``graded``, so a trajectory's
+    time split counts it as grading.
     """
 
-    where = "local"
-
-    def __init__(self, seed: int, slots: GradingSlots | None = None) -> None:
+    def __init__(
+        self, seed: int, slots: GradingSlots | None = None, *, inner: Executor | None = None
+    ) -> None:
         self._seed = seed
         self._slots = slots
-        self._local = LocalExecutor()
+        self._local: Executor = inner or LocalExecutor()  # the evaluator (named for its default)
+        self.where = self._local.where
 
     async def evaluate(self, request: EvaluationRequest) -> Evaluation:
         request = dataclasses.replace(request, seed=self._seed)
@@ -172,11 +176,13 @@ async def run_rollout(
     slots: GradingSlots | None = None,
     cancel_reason: Callable[[], str | None] = lambda: None,
     state: AgentRunState | None = None,
+    grader: Executor | None = None,
 ) -> dict[str, Any]:
     """Runs (or resumes) one rollout to its end and returns its trajectory.
 
     Its gradings take their cores from ``slots``, the pool every rollout of the process
-    shares (None: no bound, for a caller that runs one rollout).
+    shares (None: no bound, for a caller that runs one rollout), and run in this process,
+    or in ``grader`` (a `RayExecutor`), always with the group's seed.
 
     A cancel of the calling task with ``cancel_reason()`` set ends the run (its
     transcript is journalled per call) and returns the partial trajectory labelled
@@ -188,7 +194,7 @@ async def run_rollout(
     run: RunDirectory | None = None
     try:
         run = await asyncio.to_thread(open_rollout_run, root, group, rollout_id, settings)
-        executor = SeededExecutor(group.seed, slots)
+        executor = SeededExecutor(group.seed, slots, inner=grader)
         await run_agent(
             run, api_key=api_key, limiter=limiter, eval_workers=eval_workers, state=state,
             executor=executor,

@@ -54,6 +54,7 @@ from agentinfra.errors import AgentError, AgentInfraError, ConfigError, RolloutE
 from agentinfra.rollouts._book import RolloutBook, RolloutState
 from agentinfra.rollouts._grading import GradeDesk
 from agentinfra.rollouts._orphans import sweep_orphaned_jails
+from agentinfra.rollouts._ray import RayCluster, RayPlacement
 from agentinfra.rollouts._runner import read_trajectory, run_rollout
 from agentinfra.rollouts._slots import GradingSlots
 from agentinfra.rollouts._spec import Group, GroupRequest, new_group
@@ -95,6 +96,9 @@ class ServiceConfig:
     grading_slots: int | None = None
     """Cores that gradings (the rollouts' and ``POST /v1/grade``'s) may occupy at once; None:
     the machine's CPUs less one (`GradingSlots`)."""
+    ray: RayPlacement | None = None
+    """Run each rollout as a task on this Ray cluster (``--ray``; `agentinfra.rollouts._ray`);
+    None: in this process. The queue, the book and the journal stay here either way."""
     desktop_pool: int = 0
     """Desktops kept started and ready for desktop episodes (`agentinfra.environments.desktop.DesktopPool`,
     default shape only); 0: each episode starts its own."""
@@ -104,6 +108,11 @@ class ServiceConfig:
         if isinstance(self.desktop_pool, bool) or not 0 <= self.desktop_pool <= 64:  # MAX_POOL_SIZE
             raise ConfigError(
                 f"desktop_pool={self.desktop_pool!r} must be in 0..64 (--desktop-pool)"
+            )
+        if self.ray is not None and self.desktop_pool:
+            raise ConfigError(
+                f"--desktop-pool {self.desktop_pool} keeps desktops in the service's process, and with "
+                "--ray episodes run on the cluster's nodes: they would never use them (drop one of the two)"
             )
         for name in ("concurrency", "max_pending", "max_grades_in_flight", "eval_workers"):
             if getattr(self, name) < 1:
@@ -202,6 +211,7 @@ class RolloutService:
         self.metrics = _Metrics()
         self.metrics.registry.register(_StateCollector(self.book, self.slots))
         self.swept_uids: list[int] = []
+        self.cluster: RayCluster | None = None
         self._limiter = EndpointLimiter(max_in_flight=config.concurrency)
         self._tasks: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._cancel_reasons: dict[str, str] = {}
@@ -243,6 +253,9 @@ class RolloutService:
             )
         self._lock_fd = held
         self.swept_uids = await asyncio.to_thread(sweep_orphaned_jails)
+        if self.config.ray is not None:
+            self.cluster = await asyncio.to_thread(RayCluster, self.config.ray)
+            self.swept_uids = sorted({*self.swept_uids, *await self.cluster.sweep()})
         await self._start_desktop_pool()
         self._journal = _ServiceJournal.open(state / "service.jsonl")
         await self._recover()
@@ -278,6 +291,8 @@ class RolloutService:
         await self._stop_desktop_pool()
         if self._journal is not None:
             self._journal.close()
+        if self.cluster is not None:
+            self.cluster.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -365,7 +380,11 @@ class RolloutService:
         try:
             api_key = self.api_key_of(group.request.api_key_env)
             task = asyncio.create_task(
-                run_rollout(
+                self.cluster.run_rollout(
+                    self.runs_dir, group, rid, settings=self.settings, api_key=api_key,
+                    eval_workers=self.config.eval_workers,
+                    cancel_reason=lambda: self._cancel_reasons.get(rid),
+                ) if self.cluster is not None else run_rollout(
                     self.runs_dir, group, rid, settings=self.settings, api_key=api_key,
                     limiter=self._limiter, eval_workers=self.config.eval_workers, slots=self.slots,
                     cancel_reason=lambda: self._cancel_reasons.get(rid),
@@ -509,6 +528,9 @@ class RolloutService:
             definition.options_of(request.options, knob="options")
             request.loop_config()
             key = self.api_key_of(request.api_key_env)
+            if self.cluster is not None:
+                await asyncio.to_thread(self.cluster.check, request.environment, self.settings,
+                                        concurrency=self.config.concurrency)  # fmt: skip
         except ConfigError as exc:
             raise _RefusedError(400, str(exc)) from None
         except AgentInfraError as exc:
