@@ -172,11 +172,15 @@ class EpisodeHost:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"reset needs task=NAME, a file in {self.config.tasks}; got {name!r}")
         folder = self.config.tasks.resolve()
-        path = (folder / name).resolve()
-        if path.parent != folder or not path.is_file():
+        try:
+            path = (folder / name).resolve()
+            is_task = path.parent == folder and path.is_file()
+        except (OSError, ValueError):  # a NUL byte, a name too long for the file system
+            is_task = False
+        if not is_task:
             known = ", ".join(self.task_names()[:_LISTED_TASKS])
             raise ConfigError(
-                f"task {name!r} is not a file in {self.config.tasks} (--tasks); known: {known}"
+                f"task {name[:200]!r} is not a file in {self.config.tasks} (--tasks); known: {known}"
             )
         opened = self._environments.get(path.name)
         if opened is None:
@@ -281,7 +285,12 @@ class KernelEpisode:
             raise ConfigError(
                 f"the episode of {episode.task} is over: call reset(task=NAME) to start another"
             )
-        data = code.encode()
+        try:
+            data = code.encode()
+        except UnicodeEncodeError as exc:  # JSON may carry lone surrogates
+            raise ConfigError(
+                f"code is not valid text ({exc.reason} at character {exc.start}): submit UTF-8 source"
+            ) from None
         if len(data) > _MAX_CODE_BYTES:
             raise ConfigError(
                 f"code has {len(data)} bytes; a submission may have at most {_MAX_CODE_BYTES}"
@@ -292,6 +301,7 @@ class KernelEpisode:
         submitted = episode.by_sha.get(submission.sha256)
         if submitted is None:
             evaluation = await self._grade(episode.environment, submission)
+            self._check_open()  # closed (from OpenEnv's thread) as the grading ended: nothing to record
             submitted = Submitted(
                 sha256=submission.sha256, outcome=evaluation.outcome.value, correct=evaluation.correct,
                 score=evaluation.score, reward=submission_reward(evaluation), is_hack=evaluation.is_hack,
