@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import sys
 import types
 from dataclasses import dataclass, field, fields
@@ -429,6 +430,13 @@ def test_settings_errors_name_the_knob(slime_types: type[Sample], tmp_path: Path
         adapter.SlimeSettings.from_args(slime_args(agentinfra_reward_split="half"))
     with pytest.raises(ConfigError, match=r"\[.task.\].*sets itself"):
         adapter.SlimeSettings.from_args(slime_args(agentinfra_request={"task": "x"}))
+    for knob, value in [("agentinfra_timeout_s", "ten"), ("agentinfra_submit_retry_s", [1]),
+                        ("agentinfra_timeout_s", "nan"), ("agentinfra_request", "max_turns=3")]:  # fmt: skip
+        with pytest.raises(
+            ConfigError, match=rf"{knob}={re.escape(repr(value))} must be .*--custom-config-path"
+        ):
+            adapter.SlimeSettings.from_args(slime_args(**{knob: value}))
+    assert adapter.SlimeSettings.from_args(slime_args(agentinfra_timeout_s="90")).timeout_s == 90.0
     token = tmp_path / "token"
     token.write_text("trainer s3cret\n")
     settings = adapter.SlimeSettings.from_args(slime_args(agentinfra_token_file=str(token)))
