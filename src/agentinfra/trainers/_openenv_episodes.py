@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import shutil
 import tempfile
@@ -48,7 +49,7 @@ from agentinfra.environments import (
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 from agentinfra.rollouts import GradingSlots, grading_cost
 
-__all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted"]
+__all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted", "check_bind"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,24 @@ class StepView:
     correct: bool | None = None
     score: float | None = None
     score_unit: str = ""
+
+
+def check_bind(host: str, *, allow_remote: bool = False) -> None:
+    """Refuses a non-loopback ``host`` unless ``allow_remote``: OpenEnv's server has no
+    authentication, so whoever reaches it may have code graded and desktops started.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and ``allow_remote`` is false.
+    """
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost
+        loopback = False
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"--host {host} is not loopback and the OpenEnv server has no authentication: "
+            "bind 127.0.0.1, or pass --allow-remote on a network you trust"
+        )
 
 
 def submission_reward(evaluation: Evaluation) -> float:

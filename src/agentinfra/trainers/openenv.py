@@ -27,7 +27,7 @@ OpenEnv's stateless HTTP ``/reset`` and ``/step`` open and close an environment 
 request, so episodes are WebSocket sessions only.
 
 Serve with ``.venv/openenv/bin/python -m agentinfra.trainers.openenv --tasks DIR``
-(loopback by default); for the desktop, add ``--env desktop`` and set
+(loopback; another ``--host`` needs ``--allow-remote``: OpenEnv has no authentication); for the desktop, add ``--env desktop`` and set
 ``AGENTINFRA_DESKTOP_PYTHON=.venv/desktop/bin/python`` (from ``.venv/openenv`` the desktop
 does not find its interpreter by itself). This module imports openenv; nothing else in agentinfra does.
 """
@@ -58,6 +58,7 @@ from agentinfra.trainers._openenv_episodes import (
     EpisodeHost,
     KernelEpisode,
     StepView,
+    check_bind,
 )
 from agentinfra.trainers._openenv_tools import ToolEpisode, ToolView
 
@@ -303,6 +304,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the registered environment: kernels (a step is a submission) or desktop (a step is a tool call)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host (the server has no authentication: trusted networks only)",
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=4, help="sessions served at once")
     parser.add_argument("--max-steps", type=int, default=8, help="submissions per episode")
@@ -326,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        check_bind(args.host, allow_remote=args.allow_remote)
         config = EpisodeConfig(tasks=args.tasks, environment=args.env, max_steps=args.max_steps,
                                max_sessions=args.max_sessions, grading_slots=args.grading_slots,
                                grading_timeout_s=args.grading_timeout_s, root=args.root)  # fmt: skip

@@ -25,7 +25,12 @@ from agentinfra.environments import (
     Task,
 )
 from agentinfra.errors import ConfigError, TaskEnvironmentError
-from agentinfra.trainers._openenv_episodes import EpisodeConfig, EpisodeHost, episode_reward
+from agentinfra.trainers._openenv_episodes import (
+    EpisodeConfig,
+    EpisodeHost,
+    check_bind,
+    episode_reward,
+)
 
 SCORE = ScoreSpec(unit="speedup", suffix="x")
 
@@ -298,3 +303,15 @@ def test_bad_config_names_the_knob(tmp_path: Path, changes: dict[str, Any], mess
 
 def test_episode_reward_is_the_best_unless_a_hack() -> None:
     assert episode_reward([]) == 0.0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "example.org"])
+def test_a_non_loopback_bind_is_refused_unless_allowed(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"is not loopback .*no authentication.*--allow-remote"):
+        check_bind(host)
+    check_bind(host, allow_remote=True)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_loopback_bind_is_served(host: str) -> None:
+    check_bind(host)
