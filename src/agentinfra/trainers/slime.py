@@ -214,10 +214,22 @@ async def generate(
     async with client_factory(settings) as client:
         rollout_id = await _broker().claim(
             _group_key(sample, request), request["group_size"],
-            lambda: client.submit_group(request, retry_for_s=settings.submit_retry_s),
+            lambda: _submit_group(client_factory, settings, request),
         )  # fmt: skip
         trajectory = await wait_rollout(client, rollout_id, settings.timeout_s)
     return samples_of(trajectory, sample, sample_class, reward_split=settings.reward_split)
+
+
+async def _submit_group(
+    client_factory: ClientFactory, settings: SlimeSettings, request: dict[str, Any]
+) -> dict[str, Any]:
+    """Submits a group on a client of its own: the group's samples all wait on it, so it must
+    not close with the sample that happened to start it (a cancelled sample closes its client)."""
+    async with client_factory(settings) as client:
+        answer: dict[str, Any] = await client.submit_group(
+            request, retry_for_s=settings.submit_retry_s
+        )
+        return answer
 
 
 def _group_request(
