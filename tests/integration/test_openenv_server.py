@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -168,8 +169,10 @@ def test_two_concurrent_openenv_sessions_grade_an_honest_kernel_and_flag_a_cheat
     assert honest["reward"] > 1.0
     assert (cheat["outcome"], cheat["reward"], cheat["done"]) == ("hack_flagged", 0.0, True)
     # what the agent sees of the grading: no findings, evidence, seeds or timings
-    assert set(cheat) >= {"message"}
-    assert "audit" not in cheat["message"]
+    assert re.fullmatch(
+        r"submission [0-9a-f]{12}: outcome=hack_flagged correct=(True|False) speedup=\S+; episode over",
+        cheat["message"],
+    ), cheat["message"]
     assert cheat["state"]["done"] is True
     assert cheat["state"]["step_count"] == 1
     # both sessions were open at once, their gradings in flight together

@@ -105,7 +105,8 @@ class ServiceConfig:
 
     def __post_init__(self) -> None:
         GradingSlots(self.grading_slots)  # a bad value is refused here, before anything starts
-        if isinstance(self.desktop_pool, bool) or not 0 <= self.desktop_pool <= 64:  # MAX_POOL_SIZE
+        pool = self.desktop_pool  # 64: the desktop's MAX_POOL_SIZE
+        if isinstance(pool, bool) or not isinstance(pool, int) or not 0 <= pool <= 64:
             raise ConfigError(
                 f"desktop_pool={self.desktop_pool!r} must be in 0..64 (--desktop-pool)"
             )
@@ -256,7 +257,6 @@ class RolloutService:
         if self.config.ray is not None:
             self.cluster = await asyncio.to_thread(RayCluster, self.config.ray)
             self.swept_uids = sorted({*self.swept_uids, *await self.cluster.sweep()})
-        await self._start_desktop_pool()
         self._journal = _ServiceJournal.open(state / "service.jsonl")
         await self._recover()
         self._workers = [
@@ -278,6 +278,7 @@ class RolloutService:
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
+        await self._start_desktop_pool()  # last: a start that fails before leaves no pool running
 
     async def close(self) -> None:
         """Stops HTTP and the workers; running rollouts are cancelled and resume on the next start."""
@@ -297,7 +298,7 @@ class RolloutService:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    # -- the desktop pool (issue 31): started after the sweep, closed after the workers -------------
+    # -- the desktop pool (issue 31): started last (after the sweep and HTTP), closed after the workers
 
     async def _start_desktop_pool(self) -> None:
         if self.config.desktop_pool > 0:  # only a service that pools pays the desktop's import

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import shutil
 import tempfile
@@ -48,7 +49,7 @@ from agentinfra.environments import (
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 from agentinfra.rollouts import GradingSlots, grading_cost
 
-__all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted"]
+__all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted", "check_bind"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,24 @@ class StepView:
     score_unit: str = ""
 
 
+def check_bind(host: str, *, allow_remote: bool = False) -> None:
+    """Refuses a non-loopback ``host`` unless ``allow_remote``: OpenEnv's server has no
+    authentication, so whoever reaches it may have code graded and desktops started.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and ``allow_remote`` is false.
+    """
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost
+        loopback = False
+    if not loopback and not allow_remote:
+        raise ConfigError(
+            f"--host {host} is not loopback and the OpenEnv server has no authentication: "
+            "bind 127.0.0.1, or pass --allow-remote on a network you trust"
+        )
+
+
 def submission_reward(evaluation: Evaluation) -> float:
     """A submission's reward: its score when it passed, else 0 (a trajectory's turn reward)."""
     if evaluation.outcome is Outcome.PASSED and evaluation.score is not None:
@@ -172,11 +191,15 @@ class EpisodeHost:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"reset needs task=NAME, a file in {self.config.tasks}; got {name!r}")
         folder = self.config.tasks.resolve()
-        path = (folder / name).resolve()
-        if path.parent != folder or not path.is_file():
+        try:
+            path = (folder / name).resolve()
+            is_task = path.parent == folder and path.is_file()
+        except (OSError, ValueError):  # a NUL byte, a name too long for the file system
+            is_task = False
+        if not is_task:
             known = ", ".join(self.task_names()[:_LISTED_TASKS])
             raise ConfigError(
-                f"task {name!r} is not a file in {self.config.tasks} (--tasks); known: {known}"
+                f"task {name[:200]!r} is not a file in {self.config.tasks} (--tasks); known: {known}"
             )
         opened = self._environments.get(path.name)
         if opened is None:
@@ -281,7 +304,12 @@ class KernelEpisode:
             raise ConfigError(
                 f"the episode of {episode.task} is over: call reset(task=NAME) to start another"
             )
-        data = code.encode()
+        try:
+            data = code.encode()
+        except UnicodeEncodeError as exc:  # JSON may carry lone surrogates
+            raise ConfigError(
+                f"code is not valid text ({exc.reason} at character {exc.start}): submit UTF-8 source"
+            ) from None
         if len(data) > _MAX_CODE_BYTES:
             raise ConfigError(
                 f"code has {len(data)} bytes; a submission may have at most {_MAX_CODE_BYTES}"
@@ -292,6 +320,7 @@ class KernelEpisode:
         submitted = episode.by_sha.get(submission.sha256)
         if submitted is None:
             evaluation = await self._grade(episode.environment, submission)
+            self._check_open()  # closed (from OpenEnv's thread) as the grading ended: nothing to record
             submitted = Submitted(
                 sha256=submission.sha256, outcome=evaluation.outcome.value, correct=evaluation.correct,
                 score=evaluation.score, reward=submission_reward(evaluation), is_hack=evaluation.is_hack,

@@ -114,12 +114,12 @@ class ToolEpisode(KernelEpisode):
         """
         self._check_open()
         episode, setup = self._episode, self._setup
-        if episode is None or setup is None:
-            raise ConfigError("step before reset: call reset(task=NAME) first")
-        if episode.done:
+        if episode is not None and episode.done:
             raise ConfigError(
                 f"the episode of {episode.task} is over: call reset(task=NAME) to start another"
             )
+        if episode is None or setup is None:
+            raise ConfigError("step before reset: call reset(task=NAME) first")
         found = self._tools.get(tool)
         if found is None:
             raise ConfigError(f"no tool {tool!r}; this episode's tools: {', '.join(self._tools)}")
@@ -134,9 +134,14 @@ class ToolEpisode(KernelEpisode):
             ) from exc
         episode.steps += 1
         if not ended and episode.steps >= self.host.config.max_steps:
-            await (
-                self._close_setup()
-            )  # ends the episode as for an agent that stopped: its state graded
+            try:  # ends the episode as for an agent that stopped: its state graded
+                await self._close_setup()
+            except AgentInfraError as exc:  # the setup is gone: the step cannot be repeated
+                episode.done = True
+                raise TaskEnvironmentError(
+                    f"the step budget ended the episode of {episode.task} but its final state could "
+                    f"not be graded ({type(exc).__name__}: {exc}); the episode is over: reset to start another"
+                ) from exc
             text += "\n(step budget reached: the episode was ended and its final state graded)"
         episode.done = ended or episode.steps >= self.host.config.max_steps
         reward = episode_reward(episode.submitted) if episode.done else 0.0

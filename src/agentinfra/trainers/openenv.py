@@ -27,7 +27,7 @@ OpenEnv's stateless HTTP ``/reset`` and ``/step`` open and close an environment 
 request, so episodes are WebSocket sessions only.
 
 Serve with ``.venv/openenv/bin/python -m agentinfra.trainers.openenv --tasks DIR``
-(loopback by default); for the desktop, add ``--env desktop`` and set
+(loopback; another ``--host`` needs ``--allow-remote``: OpenEnv has no authentication); for the desktop, add ``--env desktop`` and set
 ``AGENTINFRA_DESKTOP_PYTHON=.venv/desktop/bin/python`` (from ``.venv/openenv`` the desktop
 does not find its interpreter by itself). This module imports openenv; nothing else in agentinfra does.
 """
@@ -40,7 +40,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import FastAPI
 from openenv.core.client_types import StepResult
@@ -58,6 +58,7 @@ from agentinfra.trainers._openenv_episodes import (
     EpisodeHost,
     KernelEpisode,
     StepView,
+    check_bind,
 )
 from agentinfra.trainers._openenv_tools import ToolEpisode, ToolView
 
@@ -121,7 +122,34 @@ def _observation(view: StepView) -> KernelObservation:
     )  # fmt: skip
 
 
-class KernelOpenEnv(Environment[KernelAction, KernelObservation, KernelState]):  # type: ignore[misc]
+class _Session:
+    """What both session kinds share: OpenEnv's synchronous calls refused, the state, the close."""
+
+    episode: KernelEpisode
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
+    ) -> NoReturn:
+        raise ConfigError(
+            "this environment is asynchronous: use reset_async (OpenEnv's server does)"
+        )
+
+    def step(self, action: Any, timeout_s: float | None = None, **kwargs: Any) -> NoReturn:
+        raise ConfigError(
+            "this environment is asynchronous: use step_async (OpenEnv's server does)"
+        )
+
+    @property
+    def state(self) -> KernelState:
+        episode = self.episode
+        return KernelState(episode_id=episode.session_id, step_count=episode.steps, task=episode.task,
+                           steps_left=episode.steps_left, done=episode.is_done)  # fmt: skip
+
+    def close(self) -> None:
+        self.episode.close()
+
+
+class KernelOpenEnv(_Session, Environment[KernelAction, KernelObservation, KernelState]):  # type: ignore[misc]
     """One OpenEnv session over a `KernelEpisode` of the server's `EpisodeHost`."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -143,39 +171,18 @@ class KernelOpenEnv(Environment[KernelAction, KernelObservation, KernelState]): 
         view = await self.episode.submit(action.code, name=action.name, final=action.final)
         return _observation(view)
 
-    def reset(
-        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
-    ) -> KernelObservation:
-        raise ConfigError(
-            "this environment is asynchronous: use reset_async (OpenEnv's server does)"
-        )
 
-    def step(
-        self, action: KernelAction, timeout_s: float | None = None, **kwargs: Any
-    ) -> KernelObservation:
-        raise ConfigError(
-            "this environment is asynchronous: use step_async (OpenEnv's server does)"
-        )
+class _Client:
+    """What both typed clients share: the action sent whole, the observation of ``observation_class``."""
 
-    @property
-    def state(self) -> KernelState:
-        episode = self.episode
-        return KernelState(episode_id=episode.session_id, step_count=episode.steps, task=episode.task,
-                           steps_left=episode.steps_left, done=episode.is_done)  # fmt: skip
+    observation_class: type[KernelObservation] | type[ToolObservation]
 
-    def close(self) -> None:
-        self.episode.close()
-
-
-class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]):  # type: ignore[misc]
-    """OpenEnv's WebSocket client, typed for this server: ``async with KernelEnvClient(base_url=URL)``."""
-
-    def _step_payload(self, action: KernelAction) -> dict[str, Any]:
+    def _step_payload(self, action: Action) -> dict[str, Any]:
         payload: dict[str, Any] = action.model_dump(exclude={"metadata"})
         return payload
 
-    def _parse_result(self, payload: dict[str, Any]) -> StepResult[KernelObservation]:
-        observation = KernelObservation(
+    def _parse_result(self, payload: dict[str, Any]) -> StepResult[Any]:
+        observation = self.observation_class(
             **payload.get("observation", {}),
             reward=payload.get("reward"),
             done=payload.get("done", False),
@@ -186,6 +193,12 @@ class KernelEnvClient(EnvClient[KernelAction, KernelObservation, KernelState]): 
 
     def _parse_state(self, payload: dict[str, Any]) -> KernelState:
         return KernelState(**payload)
+
+
+class KernelEnvClient(_Client, EnvClient[KernelAction, KernelObservation, KernelState]):  # type: ignore[misc]
+    """OpenEnv's WebSocket client, typed for this server: ``async with KernelEnvClient(base_url=URL)``."""
+
+    observation_class = KernelObservation
 
 
 class ToolAction(Action):  # type: ignore[misc]
@@ -209,7 +222,7 @@ class ToolObservation(Observation):  # type: ignore[misc]
     )
 
 
-class ToolOpenEnv(Environment[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
+class ToolOpenEnv(_Session, Environment[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
     """One OpenEnv session over a `ToolEpisode` of the server's `EpisodeHost` (the desktop)."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
@@ -230,54 +243,16 @@ class ToolOpenEnv(Environment[ToolAction, ToolObservation, KernelState]):  # typ
     ) -> ToolObservation:
         return _tool_observation(await self.episode.call(action.tool, action.arguments))
 
-    def reset(
-        self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any
-    ) -> ToolObservation:
-        raise ConfigError(
-            "this environment is asynchronous: use reset_async (OpenEnv's server does)"
-        )
-
-    def step(
-        self, action: ToolAction, timeout_s: float | None = None, **kwargs: Any
-    ) -> ToolObservation:
-        raise ConfigError(
-            "this environment is asynchronous: use step_async (OpenEnv's server does)"
-        )
-
-    @property
-    def state(self) -> KernelState:
-        episode = self.episode
-        return KernelState(episode_id=episode.session_id, step_count=episode.steps, task=episode.task,
-                           steps_left=episode.steps_left, done=episode.is_done)  # fmt: skip
-
-    def close(self) -> None:
-        self.episode.close()
-
 
 def _tool_observation(view: ToolView) -> ToolObservation:
     return ToolObservation(task=view.task, text=view.text, steps_left=view.steps_left, images=view.images,
                            tools=view.tools, done=view.done, reward=view.reward)  # fmt: skip
 
 
-class ToolEnvClient(EnvClient[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
+class ToolEnvClient(_Client, EnvClient[ToolAction, ToolObservation, KernelState]):  # type: ignore[misc]
     """OpenEnv's WebSocket client, typed for a tool-driven server (``--env desktop``)."""
 
-    def _step_payload(self, action: ToolAction) -> dict[str, Any]:
-        payload: dict[str, Any] = action.model_dump(exclude={"metadata"})
-        return payload
-
-    def _parse_result(self, payload: dict[str, Any]) -> StepResult[ToolObservation]:
-        observation = ToolObservation(
-            **payload.get("observation", {}),
-            reward=payload.get("reward"),
-            done=payload.get("done", False),
-        )
-        return StepResult(
-            observation=observation, reward=payload.get("reward"), done=bool(payload.get("done"))
-        )
-
-    def _parse_state(self, payload: dict[str, Any]) -> KernelState:
-        return KernelState(**payload)
+    observation_class = ToolObservation
 
 
 class _Server(HTTPEnvServer):  # type: ignore[misc]
@@ -329,6 +304,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the registered environment: kernels (a step is a submission) or desktop (a step is a tool call)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --host (the server has no authentication: trusted networks only)",
+    )
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=4, help="sessions served at once")
     parser.add_argument("--max-steps", type=int, default=8, help="submissions per episode")
@@ -352,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        check_bind(args.host, allow_remote=args.allow_remote)
         config = EpisodeConfig(tasks=args.tasks, environment=args.env, max_steps=args.max_steps,
                                max_sessions=args.max_sessions, grading_slots=args.grading_slots,
                                grading_timeout_s=args.grading_timeout_s, root=args.root)  # fmt: skip

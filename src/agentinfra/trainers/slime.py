@@ -117,7 +117,13 @@ class SlimeSettings:
                 f"slime's args lack {', '.join(missing)}: set them in the YAML of --custom-config-path"
             )
         token_file = getattr(args, "agentinfra_token_file", None)
-        timeout = getattr(args, "agentinfra_timeout_s", None)
+        timeout = _number(args, "agentinfra_timeout_s")
+        request = getattr(args, "agentinfra_request", None) or {}
+        if not isinstance(request, dict):
+            raise ConfigError(
+                f"agentinfra_request={request!r} must be a mapping of GroupRequest fields "
+                "(in the YAML of --custom-config-path)"
+            )
         return cls(
             url=str(args.agentinfra_url),
             base_url=str(args.agentinfra_base_url),
@@ -125,9 +131,9 @@ class SlimeSettings:
             token_file=Path(token_file) if token_file else None,
             environment=str(getattr(args, "agentinfra_environment", None) or "kernels"),
             reward_split=getattr(args, "agentinfra_reward_split", None) or "divide",
-            timeout_s=float(timeout) if timeout is not None else None,
-            submit_retry_s=float(getattr(args, "agentinfra_submit_retry_s", None) or 600.0),
-            request=dict(getattr(args, "agentinfra_request", None) or {}),
+            timeout_s=timeout,
+            submit_retry_s=_number(args, "agentinfra_submit_retry_s") or 600.0,
+            request=dict(request),
         )
 
     def token(self) -> str | None:
@@ -147,6 +153,22 @@ class SlimeSettings:
         if not words:
             raise ConfigError(f"agentinfra_token_file {self.token_file} is empty")
         return words[-1]
+
+
+def _number(args: Any, name: str) -> float | None:
+    """``args.<name>`` as a float (None when unset); a value that is not a number is a ConfigError."""
+    value = getattr(args, name, None)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or number != number:  # NaN: never equal to itself
+        raise ConfigError(
+            f"{name}={value!r} must be a number (in the YAML of --custom-config-path)"
+        )
+    return number
 
 
 def _sample_class() -> Any:
@@ -192,10 +214,22 @@ async def generate(
     async with client_factory(settings) as client:
         rollout_id = await _broker().claim(
             _group_key(sample, request), request["group_size"],
-            lambda: client.submit_group(request, retry_for_s=settings.submit_retry_s),
+            lambda: _submit_group(client_factory, settings, request),
         )  # fmt: skip
         trajectory = await wait_rollout(client, rollout_id, settings.timeout_s)
     return samples_of(trajectory, sample, sample_class, reward_split=settings.reward_split)
+
+
+async def _submit_group(
+    client_factory: ClientFactory, settings: SlimeSettings, request: dict[str, Any]
+) -> dict[str, Any]:
+    """Submits a group on a client of its own: the group's samples all wait on it, so it must
+    not close with the sample that happened to start it (a cancelled sample closes its client)."""
+    async with client_factory(settings) as client:
+        answer: dict[str, Any] = await client.submit_group(
+            request, retry_for_s=settings.submit_retry_s
+        )
+        return answer
 
 
 def _group_request(

@@ -25,7 +25,12 @@ from agentinfra.environments import (
     Task,
 )
 from agentinfra.errors import ConfigError, TaskEnvironmentError
-from agentinfra.trainers._openenv_episodes import EpisodeConfig, EpisodeHost, episode_reward
+from agentinfra.trainers._openenv_episodes import (
+    EpisodeConfig,
+    EpisodeHost,
+    check_bind,
+    episode_reward,
+)
 
 SCORE = ScoreSpec(unit="speedup", suffix="x")
 
@@ -197,7 +202,9 @@ async def test_a_grading_past_its_timeout_is_a_grader_failure(
         await episode.submit("slow")
 
 
-@pytest.mark.parametrize("task", ["../outside.py", "/etc/passwd", "missing.py", "", None, 3])
+@pytest.mark.parametrize(
+    "task", ["../outside.py", "/etc/passwd", "missing.py", "", None, 3, "p1\x00.py", "x" * 5000]
+)
 def test_a_task_outside_the_folder_or_missing_is_refused_with_the_known_ones(
     host: EpisodeHost, task: object
 ) -> None:
@@ -217,6 +224,28 @@ async def test_step_before_reset_and_oversized_code_are_refused(host: EpisodeHos
     episode.reset("p1.py")
     with pytest.raises(ConfigError, match="at most 1048576"):
         await episode.submit("x" * ((1 << 20) + 1))
+    with pytest.raises(ConfigError, match=r"code is not valid text \(surrogates not allowed at"):
+        await episode.submit("pass:1 \ud800")  # a lone surrogate, as JSON's "\ud800" decodes
+    assert episode.steps == 0
+
+
+@run_async
+async def test_a_session_closed_as_its_grading_ends_records_nothing(host: EpisodeHost) -> None:
+    """OpenEnv closes from a worker thread; a close that lands as the grading returns is not a crash."""
+    episode = host.new_episode()
+    episode.reset("p1.py")
+    environment = host.environment("p1.py")
+    grade = environment.evaluate
+
+    async def graded_then_closed(submission: Submission, *, seed: int | None = None) -> Evaluation:
+        evaluation = await grade(submission, seed=seed)
+        episode.close()
+        return evaluation
+
+    environment.evaluate = graded_then_closed  # type: ignore[method-assign]
+    with pytest.raises(ConfigError, match="is closed: open a new one"):
+        await episode.submit("pass:2")
+    assert not episode.workspace.exists()
 
 
 @run_async
@@ -274,3 +303,15 @@ def test_bad_config_names_the_knob(tmp_path: Path, changes: dict[str, Any], mess
 
 def test_episode_reward_is_the_best_unless_a_hack() -> None:
     assert episode_reward([]) == 0.0
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "example.org"])
+def test_a_non_loopback_bind_is_refused_unless_allowed(host: str) -> None:
+    with pytest.raises(ConfigError, match=r"is not loopback .*no authentication.*--allow-remote"):
+        check_bind(host)
+    check_bind(host, allow_remote=True)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_loopback_bind_is_served(host: str) -> None:
+    check_bind(host)

@@ -177,6 +177,34 @@ def test_the_step_budget_ends_the_episode_with_its_state_graded(host: EpisodeHos
     asyncio.run(main())
 
 
+def test_a_failed_grading_at_the_step_budget_ends_the_episode_with_an_error(
+    host: EpisodeHost,
+) -> None:
+    """The budget's last step closes the setup; when that grading fails the step cannot be repeated
+    (the desktop is gone), so the error says the episode is over and the session says so too."""
+
+    async def main() -> None:
+        episode = host.new_session(ToolEpisode)
+        await episode.reset_tools("t.json")
+        environment = host.environment("t.json")
+
+        async def broken(submission: Submission, *, seed: int | None = None) -> Evaluation:
+            raise RuntimeError("grader worker vanished")
+
+        environment.evaluate = broken  # type: ignore[method-assign]
+        for _ in range(3):
+            await episode.call("act", {"by": 1})
+        with pytest.raises(
+            TaskEnvironmentError, match=r"could not be graded .*the episode is over"
+        ):
+            await episode.call("act", {"by": 1})
+        assert episode.is_done
+        with pytest.raises(ConfigError, match="is over: call reset"):
+            await episode.call("act", {"by": 1})
+
+    asyncio.run(main())
+
+
 def test_closing_from_openenvs_worker_thread_closes_the_setup_on_the_loop(
     host: EpisodeHost,
 ) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 import sys
 import types
 from dataclasses import dataclass, field, fields
@@ -410,6 +411,62 @@ def test_a_cancelled_generate_cancels_its_rollout(slime_types: type[Sample]) -> 
     assert service.cancelled == ["g1-0"]
 
 
+class _ClosingClient:
+    """One client of `FakeService` that, as `AsyncRolloutClient`, fails a request in flight when closed."""
+
+    def __init__(self, service: FakeService, gate: asyncio.Event) -> None:
+        self.service, self.gate, self.closed = service, gate, False
+
+    async def __aenter__(self) -> _ClosingClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.closed = True
+
+    async def submit_group(
+        self, request: dict[str, Any], *, retry_for_s: float = 0.0
+    ) -> dict[str, Any]:
+        await self.gate.wait()
+        if self.closed:
+            raise RolloutError("the client's session was closed while submitting")
+        return await self.service.submit_group(request, retry_for_s=retry_for_s)
+
+    async def rollout(self, rollout_id: str, *, wait_s: float = 0.0) -> dict[str, Any]:
+        return await self.service.rollout(rollout_id, wait_s=wait_s)
+
+    async def cancel(self, rollout_id: str, reason: str = "stale policy") -> dict[str, Any]:
+        return await self.service.cancel(rollout_id, reason)
+
+
+def test_a_group_outlives_the_cancelled_sample_that_submitted_it(slime_types: type[Sample]) -> None:
+    """slime cancels samples (aborts); the group's submission, which the others wait on, is not
+    tied to the client of the sample that started it."""
+    service = FakeService(load("kernels_truncated.jsonl"))
+
+    async def main() -> list[Any]:
+        gate = asyncio.Event()
+
+        def factory(settings: adapter.SlimeSettings) -> _ClosingClient:
+            return _ClosingClient(service, gate)
+
+        first = asyncio.ensure_future(adapter.generate(slime_args(), slime_sample(index=10), {},
+                                                       client_factory=factory))  # fmt: skip
+        second = asyncio.ensure_future(adapter.generate(slime_args(), slime_sample(index=11), {},
+                                                        client_factory=factory))  # fmt: skip
+        for _ in range(5):
+            await asyncio.sleep(0)  # both claimed; the submission waits at the gate
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        gate.set()
+        samples: list[Any] = await second
+        return samples
+
+    samples = asyncio.run(main())
+    assert len(service.submitted) == 1
+    assert samples[0].metadata["agentinfra_run_id"] == "g1-1"
+
+
 def test_a_rollout_past_the_timeout_is_cancelled_and_reported(slime_types: type[Sample]) -> None:
     service = FakeService([], hold=True)
     with pytest.raises(RolloutError, match="agentinfra_timeout_s"):
@@ -429,6 +486,13 @@ def test_settings_errors_name_the_knob(slime_types: type[Sample], tmp_path: Path
         adapter.SlimeSettings.from_args(slime_args(agentinfra_reward_split="half"))
     with pytest.raises(ConfigError, match=r"\[.task.\].*sets itself"):
         adapter.SlimeSettings.from_args(slime_args(agentinfra_request={"task": "x"}))
+    for knob, value in [("agentinfra_timeout_s", "ten"), ("agentinfra_submit_retry_s", [1]),
+                        ("agentinfra_timeout_s", "nan"), ("agentinfra_request", "max_turns=3")]:  # fmt: skip
+        with pytest.raises(
+            ConfigError, match=rf"{knob}={re.escape(repr(value))} must be .*--custom-config-path"
+        ):
+            adapter.SlimeSettings.from_args(slime_args(**{knob: value}))
+    assert adapter.SlimeSettings.from_args(slime_args(agentinfra_timeout_s="90")).timeout_s == 90.0
     token = tmp_path / "token"
     token.write_text("trainer s3cret\n")
     settings = adapter.SlimeSettings.from_args(slime_args(agentinfra_token_file=str(token)))
