@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,10 @@ PROBLEM = ROOT / "examples" / "kernels" / "problems" / "11_slow_cumsum.py"
 @pytest.mark.service
 def test_run_graded_on_a_local_ray_cluster(tmp_path: Path) -> None:
     ray = pytest.importorskip("ray")
+    # ray.init sets RAY_AUTH_MODE=token in this process's environment and leaves it there; a
+    # cluster started later in the session (test_rollouts_ray.py) would then demand a token its
+    # service subprocess does not have. The environment is put back after the test.
+    saved_environ = dict(os.environ)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         spec = RunSpec(
@@ -50,3 +55,5 @@ def test_run_graded_on_a_local_ray_cluster(tmp_path: Path) -> None:
         run.close()
     finally:
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(saved_environ)
