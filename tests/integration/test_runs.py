@@ -37,9 +37,11 @@ def wait_for(predicate: object, timeout_s: float) -> None:
 
 
 def freeze_mid_grading(
-    server: subprocess.Popen[bytes], run: Path, timeout_s: float
+    server: subprocess.Popen[bytes], run: Path, timeout_s: float, received: int
 ) -> list[dict[str, object]]:
-    """Stops the server's process group (SIGSTOP) once its journal shows a grading started; that journal.
+    """Stops the server's process group (SIGSTOP) once its journal shows a grading started and
+    ``received`` submissions taken from the inbox (it polls the inbox, so a file dropped after the
+    first grading started may not be in yet); that journal.
 
     Each look is taken while the server is stopped, so the journal returned is the
     state that a kill sent before any SIGCONT meets (nothing can be graded in between)."""
@@ -49,7 +51,7 @@ def freeze_mid_grading(
         lines = (run / "journal.jsonl").read_text().split("\n")[:-1]  # whole lines only
         events = [json.loads(line) for line in lines if line.strip()]
         types = [e["type"] for e in events]
-        if "grading_started" in types:
+        if "grading_started" in types and types.count("submission_received") >= received:
             return events
         os.killpg(server.pid, signal.SIGCONT)
         time.sleep(0.05)
@@ -71,7 +73,7 @@ def test_kill_minus_nine_mid_grading_then_resume(tmp_path: Path) -> None:
                 env=ENV,
                 capture_output=True,
             )
-        frozen = freeze_mid_grading(server, run, 60)
+        frozen = freeze_mid_grading(server, run, 60, received=len(files))
         assert [e["type"] for e in frozen].count("grading_started") == 1
         assert not any(e["type"] == "graded" for e in frozen)
         # Stopped since the look above: the kill meets exactly that state, mid-grading.

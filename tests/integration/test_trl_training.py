@@ -194,7 +194,11 @@ def test_grpo_steps_train_on_vllms_ids_with_agentinfras_masks(
                 and c["completion_ids"] == sequence[start:end]
             ]
             assert matches, f"tokens {start}:{end} of a trained row are no completion vLLM sent"
-            assert logprobs[start:end] == pytest.approx(matches[0]["logprobs"], abs=1e-5)
+            # G samples of one prompt can come back with the same ids from different batches,
+            # whose logprobs differ in the fifth decimal on CPU: the row's are one call's exactly
+            assert any(
+                logprobs[start:end] == pytest.approx(c["logprobs"], abs=1e-5) for c in matches
+            ), f"logprobs of tokens {start}:{end} are no call's that sent them"
             sampled += end - start
         compared += len(sequence)
     assert sampled > 0
