@@ -123,9 +123,13 @@ def same_output(a: dict[str, Any], b: dict[str, Any]) -> bool:
     ("tokens", "max_batched"), [(300, 2048), (1000, 256)], ids=["one-chunk", "chunked"]
 )
 def test_two_engines_share_a_prefix(
-    checkpoint: Path, server: ServerThread, tokens: int, max_batched: int
+    checkpoint: Path, server: ServerThread, seeded: Any, tokens: int, max_batched: int
 ) -> None:
-    cold, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
+    if tokens == 300:  # the module's cold engine already ran this prompt and saved its blocks
+        cold, saved = seeded
+        restore(server, saved)
+    else:
+        cold, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
     assert cold["cached_tokens"] == 0
     warm, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
     whole_blocks = (tokens - 1) // BLOCK * BLOCK  # at least one token is computed
@@ -415,15 +419,15 @@ SMOLLM2 = ROOT / ".venv" / "vllm" / "models" / "smollm2-135m-instruct"
 
 @pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"{SMOLLM2} missing: run `make smollm2`")
 def test_a_real_model_loads_its_prefix_from_the_store(server: ServerThread) -> None:
-    """SmolLM2-135M-Instruct (real weights, peaked logits): the cached engine answers exactly as the cold one,
-    and random KV in the store visibly changes its answer."""
+    """SmolLM2-135M-Instruct (real weights, peaked logits): random KV in the store visibly changes its answer.
+
+    That the cached engine answers exactly as the cold one on this model is
+    `test_kv_demo_with_vllm_prints_its_figures` (the demo runs SmolLM2 cold, then from the store)."""
     common = {"tokens": 1000, "more": ("--vocab", "49152", "--max-new", "16")}
     cold, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
-    warm, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
     assert cold["cached_tokens"] == 0
-    assert warm["cached_tokens"] == 992
-    assert same_output(cold, warm), (cold, warm)
     saved = list(_stored(server).items())
+    assert len(saved) >= 31  # the 1,000-token prompt's 31 whole blocks
     server._store.remove([key for key, _ in saved])
     restore(server, random_kv(saved))
     garbage, _ = probe(SMOLLM2, server.port, **common)  # type: ignore[arg-type]
