@@ -541,6 +541,7 @@ class _Grading:
             )
         TRUSTED.memory[key] = (peak, resident)
         self.plan = self._plan(peak, resident)
+        logger.info("grading of %s: %s", self.meta.path.name, self.plan.describe())
         refusal = cap_refusal(
             self.plan.limit_bytes, self.plan.describe(), self.options.memory_limit_bytes
         )
