@@ -1,7 +1,7 @@
 """Memory sized per problem and reserved machine-wide: graded past a fixed limit, waited for, or refused.
 
-``wide_intermediate.py`` holds a 192 MiB intermediate from 8 MiB of input, so its
-reference peaks near 1 GiB of address space. The machine is a fake one where a test
+``wide_intermediate.py`` holds a 96 MiB intermediate from 4 MiB of input, so its
+reference's peak is far above what its sizes say. The machine is a fake one where a test
 needs its figures (`MemoryLedger` over a `MachineMemory` the test sets), so nothing
 here allocates more than that problem does.
 """
@@ -58,7 +58,9 @@ def test_a_problem_over_a_fixed_limit_is_graded_and_a_cap_below_it_refuses_namin
     ledger = SpyLedger(tmp_path, available=32 * GIB)
     verdict = grade(WIDE, IDENTITY, quick(ledger), problem_name="wide_intermediate.py")
     assert verdict.outcome is Outcome.PASSED, verdict
-    peak, _ = next(v for k, v in TRUSTED.memory.items() if k[0] == verdict.provenance.problem_sha256)
+    peak, _ = next(
+        v for k, v in TRUSTED.memory.items() if k[0] == verdict.provenance.problem_sha256
+    )
     assert peak is not None
     # the same problem under a fixed limit just below its reference's peak (the old way, scaled
     # down), set as a cap through the environment: refused in seconds, naming the cap and the knob
@@ -87,7 +89,10 @@ def test_two_gradings_that_do_not_fit_together_run_one_after_the_other(
 
     async def both() -> list[Outcome]:
         verdicts = await asyncio.gather(
-            *(grade_async(WIDE, IDENTITY, quick(ledger), problem_name="wide_intermediate.py") for _ in range(2))
+            *(
+                grade_async(WIDE, IDENTITY, quick(ledger), problem_name="wide_intermediate.py")
+                for _ in range(2)
+            )
         )
         return [v.outcome for v in verdicts]
 
@@ -98,7 +103,9 @@ def test_two_gradings_that_do_not_fit_together_run_one_after_the_other(
     assert "1 gradings" in waits[0] or "held by 1" in waits[0]
 
 
-def test_a_problem_that_cannot_fit_on_this_machine_is_refused_naming_its_figure(tmp_path: Path) -> None:
+def test_a_problem_that_cannot_fit_on_this_machine_is_refused_naming_its_figure(
+    tmp_path: Path,
+) -> None:
     small = MemoryLedger(tmp_path, machine=lambda: MachineMemory(4 * GIB, 700 * MIB))
     verdict = grade(WIDE, IDENTITY, quick(small), problem_name="wide_intermediate.py")
     assert verdict.outcome is Outcome.GRADER_ERROR

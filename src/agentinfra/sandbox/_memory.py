@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agentinfra.errors import SandboxError
+
 __all__ = [
     "LedgerView",
     "MachineMemory",
@@ -140,7 +142,7 @@ class LedgerView:
         )
 
 
-class MemoryTooLargeError(Exception):
+class MemoryTooLargeError(SandboxError):
     """A request no state of this machine can grant; ``view`` is the ledger when it was refused."""
 
     def __init__(self, size_bytes: int, view: LedgerView) -> None:
@@ -149,7 +151,7 @@ class MemoryTooLargeError(Exception):
         self.view = view
 
 
-class MemoryWaitTimeoutError(Exception):
+class MemoryWaitTimeoutError(SandboxError):
     """The wait for a reservation ran past its bound; ``view`` is the ledger at that moment."""
 
     def __init__(self, size_bytes: int, waited_s: float, view: LedgerView) -> None:

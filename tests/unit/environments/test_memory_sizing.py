@@ -24,7 +24,9 @@ def test_the_limit_is_the_references_peak_plus_a_quarter_of_its_data_and_a_batch
                        timing_pairs=20, measure_speed=True)  # fmt: skip
     data = 4024 * MIB - 640 * MIB
     assert plan.margin_bytes == data // 4
-    assert plan.batch_bytes == 192 * MIB  # one call's inputs and output: the pool allows one a batch
+    assert (
+        plan.batch_bytes == 192 * MIB
+    )  # one call's inputs and output: the pool allows one a batch
     assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB
     # resident: the reference's high-water mark and a batch; the candidate's limit less what the
     # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies and the pool's three files

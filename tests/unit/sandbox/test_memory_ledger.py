@@ -84,7 +84,9 @@ def test_first_come_first_served_a_small_request_does_not_pass_an_earlier_large_
     big_waits = threading.Event()
 
     def big() -> None:
-        book.reserve(8 * GIB, label="big", max_wait_s=30, on_wait=lambda _v: big_waits.set()).release()
+        book.reserve(
+            8 * GIB, label="big", max_wait_s=30, on_wait=lambda _v: big_waits.set()
+        ).release()
         granted.append("big")
 
     thread = threading.Thread(target=big)
@@ -119,7 +121,9 @@ def _hold_and_wait(folder: str, ready: multiprocessing.synchronize.Event) -> Non
 
 def test_a_dead_holders_reservation_is_released_by_the_next_decision(tmp_path: Path) -> None:
     ready = multiprocessing.get_context("fork").Event()
-    holder = multiprocessing.get_context("fork").Process(target=_hold_and_wait, args=(str(tmp_path), ready))
+    holder = multiprocessing.get_context("fork").Process(
+        target=_hold_and_wait, args=(str(tmp_path), ready)
+    )
     holder.start()
     try:
         assert ready.wait(20)
