@@ -181,12 +181,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from agentinfra._settings import format_size
 from agentinfra.environments.kernels._correctness import check_candidate, reference_self_check
+from agentinfra.environments.kernels._grading_memory import (
+    GradingMemory,
+    MemoryRules,
+    RestartGradingError,
+)
 from agentinfra.environments.kernels._judgements import (
-    Refusal,
     SpeedupResult,
-    cap_refusal,
     judge_cores,
     judge_idle,
     judge_plausibility,
@@ -202,12 +204,7 @@ from agentinfra.environments.kernels._process_state import (
     release_cpus,
 )
 from agentinfra.environments.kernels._settings import KernelSettings
-from agentinfra.environments.kernels._sizing import (
-    MemoryPlan,
-    ProblemSizes,
-    admission_bytes,
-    memory_plan,
-)
+from agentinfra.environments.kernels._sizing import MemoryPlan, ProblemSizes
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._timing import Measurements, TimingRun
 from agentinfra.environments.kernels._timing_pool import TimingPool
@@ -226,14 +223,7 @@ from agentinfra.environments.kernels._workers import (
     SandboxLimits,
 )
 from agentinfra.errors import ConfigError
-from agentinfra.sandbox import (
-    LedgerView,
-    MemoryLedger,
-    MemoryTooLargeError,
-    MemoryWaitTimeoutError,
-    Reservation,
-    probe_sandbox_mode,
-)
+from agentinfra.sandbox import MemoryLedger, probe_sandbox_mode
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
@@ -314,7 +304,7 @@ class _Grading:
     start the candidate, correctness, timing, verdict."""
 
     def __init__(self, problem_source: bytes, submission_source: bytes, options: GradeOptions,
-                 problem_name: str) -> None:  # fmt: skip
+                 problem_name: str, *, restarted: bool = False) -> None:  # fmt: skip
         self.options = options
         self.meta = parse_problem_meta(problem_source, Path(problem_name))
         self.problem_source = problem_source
@@ -335,19 +325,21 @@ class _Grading:
         self.threads = options.threads
         self.cpus: tuple[int, ...] = ()
         """The cores this grading's workers are pinned to, claimed by `run` (`claim_cpus`)."""
-        self.ledger = options.memory_ledger or MemoryLedger()
-        self.reservation: Reservation | None = None
-        """This grading's memory in the host's ledger, from `admit` to `close`."""
-        self.sizes = ProblemSizes(None, None, None)
-        self.baseline_bytes: int | None = None
-        """The reference's address space before it loads the problem (its runtime)."""
+        self.memory = GradingMemory(
+            MemoryRules(
+                key=(self.meta.sha256, options.device, options.threads),
+                label=f"{self.meta.path.name} ({self.meta.sha256[:12]})",
+                cap_bytes=options.memory_limit_bytes, timing_pairs=options.timing_pairs,
+                measure_speed=options.measure_speed, is_cpu=options.device == "cpu",
+                max_wait_s=max(600.0, _MEMORY_WAIT_FACTOR * options.timeout_s),
+            ),
+            options.memory_ledger or MemoryLedger(), restarted=restarted,
+        )  # fmt: skip
         self.plan: MemoryPlan | None = None
         self.budget_s = 0.0
         """The candidate's wall-clock budget beyond ``timeout_s`` that a slow reference's calls need."""
         self.candidate_socket: Any = None
         """The candidate's end of its descriptor socket, until the candidate starts."""
-        self.restarted = False
-        """This is the grading's second start (`_RestartError`): its reservation is not grown again."""
 
     def _add(self, finding: Finding | None) -> None:
         """Records a finding; a runtime check that fires on every call is kept three times."""
@@ -444,77 +436,16 @@ class _Grading:
         )  # fmt: skip
         if refusal is not None:
             raise blame_problem(refusal)
-        self.sizes = ProblemSizes.from_header(sizes.header)
-        if self.options.device == "cpu":
-            self.baseline_bytes = reference.peak_address_space()
-        self.admit()
+        cpu = self.options.device == "cpu"
+        self.memory.admit(
+            ProblemSizes.from_header(sizes.header), reference.peak_address_space() if cpu else None
+        )
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self.calls.reference_call(
             {"op": "load", "role": "reference", "path": reference.program_path(problem), "threads": self.threads,
              "seed": self.init_seed, "device": self.options.device}
         )  # fmt: skip
         return {"header": frame.header, "tensors": frame.tensors}
-
-    def _memory_key(self) -> tuple[str, str, int]:
-        return (self.meta.sha256, self.options.device, self.threads)
-
-    def admit(self) -> None:
-        """Reserves the grading's memory in the host's ledger, waiting in turn (bounded: a
-        ``memory`` ``grader_error`` past it); a grading that cannot fit here at all is refused.
-
-        What is reserved: the plan measured by an earlier grading of this problem in this
-        process, else the least the sizes say (`admission_bytes`), grown once measured.
-        """
-        known = TRUSTED.memory.get(self._memory_key())
-        plan = self._plan(*known) if known is not None else None
-        size = plan.reserve_bytes if plan is not None else admission_bytes(
-            self.sizes, timing_pairs=self.options.timing_pairs, measure_speed=self.options.measure_speed
-        )  # fmt: skip
-        label = f"{self.meta.path.name} ({self.meta.sha256[:12]}), pid {os.getpid()}"
-        max_wait_s = max(600.0, _MEMORY_WAIT_FACTOR * self.options.timeout_s)
-
-        def waiting(view: LedgerView) -> None:
-            logger.info(
-                "grading of %s waits for %s of memory: %s",
-                label,
-                format_size(size),
-                view.describe(),
-            )
-
-        try:
-            self.reservation = self.ledger.reserve(
-                size, label=label, max_wait_s=max_wait_s, on_wait=waiting
-            )
-        except MemoryTooLargeError as exc:
-            raise blame_problem(self._machine_refusal(size, exc.view, plan)) from None
-        except MemoryWaitTimeoutError as exc:
-            raise StopGradingError(
-                Outcome.GRADER_ERROR,
-                f"no memory for this grading within {exc.waited_s:.0f} s: it needs about {format_size(size)}; "
-                f"{exc.view.describe()}",
-                Finding(check="memory", severity="warn", message="the grading waited for memory past its bound",
-                        evidence=exc.view.describe()),
-            ) from None  # fmt: skip
-
-    def _machine_refusal(self, size: int, view: LedgerView, plan: MemoryPlan | None) -> Refusal:
-        how = plan.describe() if plan is not None else (
-            f"at least the reference and the candidate each holding the problem's data "
-            f"({self.sizes.describe()}) and the supervisor's copies"
-        )  # fmt: skip
-        return Refusal(
-            f"problem too large for this machine: grading it holds about {format_size(size)} of memory ({how}); "
-            f"this machine can give a grading at most {format_size(max(view.most_bytes, 0))} "
-            f"(MemAvailable {format_size(view.machine.available_bytes)} of MemTotal "
-            f"{format_size(view.machine.total_bytes)}, less {format_size(view.machine.headroom_bytes)} "
-            "headroom, with no other grading running): grade it on a larger machine, or shrink its sizes",
-            view.describe(),
-        )
-
-    def _plan(self, peak_bytes: int | None, resident_bytes: int | None) -> MemoryPlan:
-        return memory_plan(
-            self.sizes, baseline_bytes=self.baseline_bytes, peak_bytes=peak_bytes, resident_bytes=resident_bytes,
-            timing_pairs=self.options.timing_pairs, measure_speed=self.options.measure_speed,
-        )  # fmt: skip
 
     def check_reference(self) -> None:
         """The reference's own self-check, the candidate's memory limit sized from it, and its budget.
@@ -523,41 +454,14 @@ class _Grading:
         self-check size the candidate's limit and the grading's reservation
         (`_sizing.memory_plan`); over the user's cap the problem is refused. When the
         reservation cannot grow to the plan now, the grading starts again from the
-        ledger's queue with the plan known (`_RestartError`). A slow reference extends the
+        ledger's queue with the plan known (`RestartGradingError`). A slow reference extends the
         candidate's wall-clock budget to what its calls need (the reference's time,
         never the candidate's, decides).
         """
         self.check_determinism()
         assert self.calls.reference is not None
-        assert self.reservation is not None
-        cpu = self.options.device == "cpu"
-        peak = self.calls.reference.peak_address_space() if cpu else None
-        resident = self.calls.reference.peak_resident() if cpu else None
-        key = self._memory_key()
-        if key in TRUSTED.memory:  # the self-check ran in an earlier grading of this process
-            peak, resident = (
-                max(a or 0, b or 0) or None
-                for a, b in zip((peak, resident), TRUSTED.memory[key], strict=True)
-            )
-        TRUSTED.memory[key] = (peak, resident)
-        self.plan = self._plan(peak, resident)
-        logger.info("grading of %s: %s", self.meta.path.name, self.plan.describe())
-        refusal = cap_refusal(
-            self.plan.limit_bytes, self.plan.describe(), self.options.memory_limit_bytes
-        )
-        if refusal is not None and cpu:
-            raise blame_problem(refusal)
-        try:
-            grown = self.reservation.grow(self.plan.reserve_bytes)
-        except MemoryTooLargeError as exc:
-            raise blame_problem(
-                self._machine_refusal(self.plan.reserve_bytes, exc.view, self.plan)
-            ) from None
-        if not grown and not self.restarted:
-            raise _RestartError
-        if not grown:  # measured more than the whole plan it waited for: go on, and say so
-            logger.warning("grading of %s holds less memory than its plan: %s", self.meta.path.name,
-                           self.plan.describe())  # fmt: skip
+        self.plan = self.memory.size(self.calls.reference)
+        key = (self.meta.sha256, self.options.device, self.threads)
         call_s = TRUSTED.call_s.setdefault(key, self.reference_call_s or 0.0)
         calls = (
             self.options.correctness_seeds * len(self.meta.variants)
@@ -689,36 +593,6 @@ class _Grading:
             timed_calls=self.timed_calls if shown else None, error=capped_error(stop.error) if stop else None,
         )  # fmt: skip
 
-    def out_of_memory(self, stop: StopGradingError) -> StopGradingError:
-        """Who is to blame when the candidate ran out of memory (its error says so: untrusted, so
-        only the reference's own figures decide). When the reference itself has since reached more
-        than its limit was sized from, the sizing: ``grader_error``; else the candidate: ``crashed``."""
-        error = stop.error or ""
-        if stop.outcome not in (Outcome.FAILED, Outcome.CRASHED) or self.plan is None or not any(
-            sign in error for sign in ("MemoryError", "ran out of memory", "allocate memory", "out of memory")
-        ):  # fmt: skip
-            return stop
-        reference = self.calls.reference
-        peak = reference.peak_address_space() if reference is not None else None
-        resident = reference.peak_resident() if reference is not None else None
-        now = self._plan(peak, resident)
-        if self.options.device == "cpu" and now.limit_bytes > self.plan.limit_bytes:
-            message = (
-                f"the candidate ran out of memory at its {format_size(self.plan.limit_bytes)} limit, and the "
-                f"reference itself has since reached {format_size(now.reference_peak_bytes)} of address space, "
-                f"more than the {format_size(self.plan.reference_peak_bytes)} the limit was sized from: the "
-                "grader's sizing, not the candidate, is to blame"
-            )
-            return StopGradingError(
-                Outcome.GRADER_ERROR, message,
-                Finding(check="memory_limit", severity="warn", message=message, evidence=error[:300]),
-            )  # fmt: skip
-        return StopGradingError(
-            Outcome.CRASHED,
-            f"candidate ran out of memory: {self.plan.describe()}; it needed more than a doing-the-same-work "
-            f"candidate would ({error[:600]})",
-        )
-
     def close(self) -> None:
         self.calls.close()
         shutil.rmtree(self.private, ignore_errors=True)
@@ -726,9 +600,7 @@ class _Grading:
         if self.candidate_socket is not None:
             self.candidate_socket.close()
             self.candidate_socket = None
-        if self.reservation is not None:
-            self.reservation.release()
-            self.reservation = None
+        self.memory.release()
         release_cpus(self.cpus)
         self.cpus = ()
 
@@ -745,16 +617,11 @@ class _Grading:
             if self.correct and self.options.measure_speed:
                 self.measure()
         except StopGradingError as exc:
-            stop = self.out_of_memory(exc)
+            stop = self.memory.blame(exc, self.calls.reference)
             self._add(stop.finding)
         finally:
             self.close()
         return self.verdict(stop)
-
-
-class _RestartError(Exception):
-    """The grading's reservation could not grow to its measured plan now: it starts again and
-    waits in the ledger's queue for the whole plan (never holding memory while it waits)."""
 
 
 def grade(
@@ -784,12 +651,12 @@ def grade(
     try:
         return _Grading(problem_source, submission_source, options, problem_name).run()
     except (
-        _RestartError
-    ):  # the plan is known now (`TRUSTED.memory`): this time it is reserved whole
+        RestartGradingError
+    ):  # the plan is known now (`TRUSTED.memory`): reserved whole this time
         logger.info("grading of %s starts again to wait for its measured memory", problem_name)
-        again = _Grading(problem_source, submission_source, options, problem_name)
-        again.restarted = True
-        return again.run()
+        return _Grading(
+            problem_source, submission_source, options, problem_name, restarted=True
+        ).run()
 
 
 async def grade_async(
