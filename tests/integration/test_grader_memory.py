@@ -96,7 +96,7 @@ def test_two_gradings_that_do_not_fit_together_run_one_after_the_other(
         )
         return [v.outcome for v in verdicts]
 
-    with caplog.at_level(logging.INFO, logger="agentinfra.environments.kernels._grader"):
+    with caplog.at_level(logging.INFO, logger="agentinfra.environments.kernels"):
         assert asyncio.run(both()) == [Outcome.PASSED, Outcome.PASSED]
     waits = [r.getMessage() for r in caplog.records if "waits for" in r.getMessage()]
     assert waits, "the second grading should have waited for the first"
