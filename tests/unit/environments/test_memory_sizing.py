@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from agentinfra.environments.kernels._grading_memory import GradingMemory, MemoryRules
 from agentinfra.environments.kernels._sizing import (
     MARGIN_FLOOR_BYTES,
     MemoryPlan,
@@ -11,6 +14,8 @@ from agentinfra.environments.kernels._sizing import (
     admission_bytes,
     memory_plan,
 )
+from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
+from agentinfra.sandbox import MemoryLedger
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -79,3 +84,62 @@ def test_the_plan_says_how_it_was_sized() -> None:
         "margin and a timed batch's 256.0 MiB; the grading holds about 8.0 GiB resident (reference "
         "3.0 GiB, candidate 4.0 GiB, supervisor 1.0 GiB)"
     )
+
+
+class FakeReference:
+    """The two figures `GradingMemory.blame` reads from the reference worker."""
+
+    def __init__(self, peak: int, resident: int) -> None:
+        self.peak, self.resident = peak, resident
+
+    def peak_address_space(self) -> int:
+        return self.peak
+
+    def peak_resident(self) -> int:
+        return self.resident
+
+
+def sized(tmp_path: Path) -> GradingMemory:
+    rules = MemoryRules(key=("sha", "cpu", 1), label="conv3d", cap_bytes=None, timing_pairs=20,
+                        measure_speed=True, max_wait_s=1, is_cpu=True)  # fmt: skip
+    memory = GradingMemory(rules, MemoryLedger(tmp_path))
+    memory.sizes, memory.baseline_bytes = CONV3D, 640 * MIB
+    memory.plan = memory_plan(CONV3D, baseline_bytes=640 * MIB, peak_bytes=4024 * MIB,
+                              resident_bytes=3584 * MIB, timing_pairs=20, measure_speed=True)  # fmt: skip
+    return memory
+
+
+OOM = (
+    "candidate raised during correctness: RuntimeError: DefaultCPUAllocator: can't allocate memory"
+)
+
+
+def test_a_candidate_out_of_memory_under_a_limit_the_reference_still_fits_crashed(
+    tmp_path: Path,
+) -> None:
+    stop = sized(tmp_path).blame(
+        StopGradingError(Outcome.FAILED, OOM),
+        FakeReference(4024 * MIB, 3584 * MIB),  # type: ignore[arg-type]
+    )
+    assert stop.outcome is Outcome.CRASHED
+    assert (stop.error or "").startswith(
+        "candidate ran out of memory: the candidate's limit 4.9 GiB"
+    )
+
+
+def test_a_limit_the_reference_itself_outgrew_blames_the_sizing_not_the_candidate(
+    tmp_path: Path,
+) -> None:
+    stop = sized(tmp_path).blame(
+        StopGradingError(Outcome.FAILED, OOM),
+        FakeReference(4536 * MIB, 3900 * MIB),  # type: ignore[arg-type]
+    )
+    assert stop.outcome is Outcome.GRADER_ERROR
+    assert stop.finding is not None
+    assert stop.finding.check == "memory_limit"
+    assert "the grader's sizing, not the candidate, is to blame" in (stop.error or "")
+
+
+def test_other_failures_are_left_alone(tmp_path: Path) -> None:
+    failed = StopGradingError(Outcome.FAILED, "candidate raised during correctness: ValueError: no")
+    assert sized(tmp_path).blame(failed, FakeReference(9 * GIB, 9 * GIB)) is failed  # type: ignore[arg-type]
