@@ -431,15 +431,16 @@ class _Grading:
         sizes = self.calls.reference_call(
             {"op": "estimate", "path": reference.program_path(problem)}
         )
-        refusal = size_refusal(
+        cpu = self.options.device == "cpu"
+        problem_sizes = ProblemSizes.from_header(sizes.header)
+        baseline = reference.peak_address_space() if cpu else None
+        # what cannot fit this machine at all is refused naming the machine; then the cap, the wire
+        refusal = self.memory.unfit(problem_sizes, baseline) or size_refusal(
             sizes.header, memory_cap_bytes=self.options.memory_limit_bytes, max_reply_bytes=MAX_REPLY_BYTES
         )  # fmt: skip
         if refusal is not None:
             raise blame_problem(refusal)
-        cpu = self.options.device == "cpu"
-        self.memory.admit(
-            ProblemSizes.from_header(sizes.header), reference.peak_address_space() if cpu else None
-        )
+        self.memory.admit(problem_sizes, baseline)
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self.calls.reference_call(
             {"op": "load", "role": "reference", "path": reference.program_path(problem), "threads": self.threads,

@@ -85,6 +85,23 @@ class GradingMemory:
             timing_pairs=self.rules.timing_pairs, measure_speed=self.rules.measure_speed,
         )  # fmt: skip
 
+    def _first_reservation(self) -> tuple[int, MemoryPlan | None]:
+        """What `admit` reserves: the plan measured earlier, else the sizes' least; and that plan."""
+        known = TRUSTED.memory.get(self.rules.key)
+        plan = self._plan(*known) if known is not None else None
+        size = plan.reserve_bytes if plan is not None else admission_bytes(
+            self.sizes, timing_pairs=self.rules.timing_pairs, measure_speed=self.rules.measure_speed
+        )  # fmt: skip
+        return size, plan
+
+    def unfit(self, sizes: ProblemSizes, baseline_bytes: int | None) -> Refusal | None:
+        """The refusal of a grading that could not fit on this machine even with no other grading
+        running (what `admit` would reserve, against `LedgerView.most_bytes`); None otherwise."""
+        self.sizes, self.baseline_bytes = sizes, baseline_bytes
+        size, plan = self._first_reservation()
+        view = self.ledger.view()
+        return self._machine_refusal(size, view, plan) if size > view.most_bytes else None
+
     def admit(self, sizes: ProblemSizes, baseline_bytes: int | None) -> None:
         """Reserves the grading's memory, waiting in turn (at most ``max_wait_s``, then a ``memory``
         ``grader_error``); a grading that cannot fit on this machine at all is refused.
@@ -93,11 +110,7 @@ class GradingMemory:
         least the sizes say (`admission_bytes`), grown by `size` once measured.
         """
         self.sizes, self.baseline_bytes = sizes, baseline_bytes
-        known = TRUSTED.memory.get(self.rules.key)
-        plan = self._plan(*known) if known is not None else None
-        size = plan.reserve_bytes if plan is not None else admission_bytes(
-            sizes, timing_pairs=self.rules.timing_pairs, measure_speed=self.rules.measure_speed
-        )  # fmt: skip
+        size, plan = self._first_reservation()
         label = f"{self.rules.label}, pid {os.getpid()}"
 
         def waiting(view: LedgerView) -> None:
