@@ -9,6 +9,7 @@ import pytest
 from agentinfra.environments.kernels._grading_memory import GradingMemory, MemoryRules
 from agentinfra.environments.kernels._sizing import (
     MARGIN_FLOOR_BYTES,
+    THREAD_ADDRESS_BYTES,
     MemoryPlan,
     ProblemSizes,
     admission_bytes,
@@ -19,6 +20,7 @@ from agentinfra.sandbox import MemoryLedger
 
 GIB = 1 << 30
 MIB = 1 << 20
+THREADS = 8 * THREAD_ADDRESS_BYTES  # 8 more threads' arenas and stacks: address space, not resident
 # KernelBench level2/3_ConvTranspose3d_Sum_LayerNorm_AvgPool_GELU as measured on this machine: the
 # reference's VmPeak 0.64 GiB before loading, 3.93 GiB after its self-check, VmHWM about 3.5 GiB
 CONV3D = ProblemSizes(params_bytes=221_696, inputs_bytes=64 * MIB, output_bytes=128 * MIB)
@@ -32,11 +34,11 @@ def test_the_limit_is_the_references_peak_plus_a_quarter_of_its_data_and_a_batch
     assert (
         plan.batch_bytes == 192 * MIB
     )  # one call's inputs and output: the pool allows one a batch
-    assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB
+    assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB + THREADS
     # resident: the reference's high-water mark and a batch; the candidate's limit less what the
     # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies and the pool's three files
     assert plan.reference_resident_bytes == 3584 * MIB + 192 * MIB
-    assert plan.candidate_resident_bytes == plan.limit_bytes - (4024 - 3584) * MIB
+    assert plan.candidate_resident_bytes == plan.limit_bytes - THREADS - (4024 - 3584) * MIB
     assert plan.supervisor_bytes == 3 * 192 * MIB + 3 * 4 * 64 * MIB
     assert plan.reserve_bytes == (
         plan.reference_resident_bytes + plan.candidate_resident_bytes + plan.supervisor_bytes
@@ -51,8 +53,8 @@ def test_a_small_problem_gets_a_limit_far_below_the_old_fixed_4_gib() -> None:
                        timing_pairs=20, measure_speed=True)  # fmt: skip
     assert plan.margin_bytes == MARGIN_FLOOR_BYTES
     assert plan.batch_bytes == 16 * 2 * MIB
-    assert plan.limit_bytes == 700 * MIB + MARGIN_FLOOR_BYTES + 32 * MIB
-    assert plan.limit_bytes < 1.1 * GIB
+    assert plan.limit_bytes == 700 * MIB + MARGIN_FLOOR_BYTES + 32 * MIB + THREADS
+    assert plan.limit_bytes < 1.7 * GIB
 
 
 @pytest.mark.parametrize("peak", [None, 100 * MIB])
@@ -62,7 +64,7 @@ def test_the_limit_never_starts_below_what_the_sizes_say_a_worker_holds(peak: in
                        timing_pairs=20, measure_speed=False)  # fmt: skip
     floor = GIB + 2 * GIB + 16 * MIB  # runtime (unmeasured: 1 GiB), parameters twice, one call
     assert plan.reference_peak_bytes == floor
-    assert plan.limit_bytes == floor + (floor - GIB) // 4 + plan.batch_bytes
+    assert plan.limit_bytes == floor + (floor - GIB) // 4 + plan.batch_bytes + THREADS
     assert plan.supervisor_bytes == 3 * 16 * MIB  # no timing: no pool
 
 
@@ -77,11 +79,12 @@ def test_admission_reserves_the_least_the_sizes_say_before_the_reference_runs() 
 
 def test_the_plan_says_how_it_was_sized() -> None:
     plan = MemoryPlan(limit_bytes=5 * GIB, reference_peak_bytes=4 * GIB, margin_bytes=768 * MIB,
-                      batch_bytes=256 * MIB, reference_resident_bytes=3 * GIB,
+                      batch_bytes=256 * MIB, threads_bytes=640 * MIB, reference_resident_bytes=3 * GIB,
                       candidate_resident_bytes=4 * GIB, supervisor_bytes=GIB)  # fmt: skip
     assert plan.describe() == (
         "the candidate's limit 5.0 GiB of address space is the reference's peak 4.0 GiB plus a 768.0 MiB "
-        "margin and a timed batch's 256.0 MiB; the grading holds about 8.0 GiB resident (reference "
+        "margin, a timed batch's 256.0 MiB and 640.0 MiB for 8 more threads; the grading holds about 8.0 GiB "
+        "resident (reference "
         "3.0 GiB, candidate 4.0 GiB, supervisor 1.0 GiB)"
     )
 
@@ -123,7 +126,7 @@ def test_a_candidate_out_of_memory_under_a_limit_the_reference_still_fits_crashe
     )
     assert stop.outcome is Outcome.CRASHED
     assert (stop.error or "").startswith(
-        "candidate ran out of memory: the candidate's limit 4.9 GiB"
+        "candidate ran out of memory: the candidate's limit 5.6 GiB"
     )
 
 
@@ -132,7 +135,7 @@ def test_a_limit_the_reference_itself_outgrew_blames_the_sizing_not_the_candidat
 ) -> None:
     stop = sized(tmp_path).blame(
         StopGradingError(Outcome.FAILED, OOM),
-        FakeReference(4536 * MIB, 3900 * MIB),  # type: ignore[arg-type]
+        FakeReference(4900 * MIB, 3900 * MIB),  # type: ignore[arg-type]
     )
     assert stop.outcome is Outcome.GRADER_ERROR
     assert stop.finding is not None

@@ -132,11 +132,12 @@ problems load unchanged, and some are random or too large for the machine):
   with a ``problem`` finding naming the machine's figure). The candidate starts
   after the reference's self-check, with an address-space limit sized from the
   reference's measured peak (`_sizing.memory_plan`: plus a quarter of the data,
-  at least 256 MiB, plus a timed batch), never over ``AGENTINFRA_GRADER_MEMORY``
-  where set (a cap: over it the problem is refused, naming the knob).
-- A candidate that runs out of memory is ``crashed`` when the limit was sized from
-  what the reference still measures; when the reference itself has since grown
-  past what the limit was sized from, the grader's sizing is to blame
+  at least 256 MiB, a timed batch, and 8 more threads' untouched reservations),
+  never over ``AGENTINFRA_GRADER_MEMORY`` where set (a cap: over it the problem is
+  refused, naming the knob).
+- A candidate that runs out of memory is ``crashed`` when the reference, measured
+  again then, still fits the limit with the margin's floor to spare; when the
+  reference itself has come that close, the grader's sizing is to blame
   (``grader_error`` with a ``memory_limit`` finding), never the candidate.
 - A slow problem's candidate gets the wall-clock budget its calls need: at least
   ``timeout_s``, extended to three times the reference's time for the calls the

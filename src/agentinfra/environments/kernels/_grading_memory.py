@@ -21,6 +21,7 @@ from agentinfra._settings import format_size
 from agentinfra.environments.kernels._judgements import Refusal, cap_refusal
 from agentinfra.environments.kernels._process_state import TRUSTED
 from agentinfra.environments.kernels._sizing import (
+    MARGIN_FLOOR_BYTES,
     MemoryPlan,
     ProblemSizes,
     admission_bytes,
@@ -184,8 +185,9 @@ class GradingMemory:
 
     def blame(self, stop: StopGradingError, reference: WorkerProcess | None) -> StopGradingError:
         """Who is to blame when the candidate ran out of memory (its error says so: untrusted, so only
-        the reference's figures decide). When the reference itself has since reached more than the
-        limit was sized from, the sizing: ``grader_error``; else the candidate: ``crashed``."""
+        the reference's figures decide). When the reference itself has since come within the margin's
+        floor of the limit (threads' allowance aside), the sizing: ``grader_error``; else the
+        candidate: ``crashed``."""
         error = stop.error or ""
         if (
             stop.outcome not in (Outcome.FAILED, Outcome.CRASHED)
@@ -195,12 +197,18 @@ class GradingMemory:
             return stop
         peak = reference.peak_address_space() if reference is not None else None
         now = self._plan(peak, reference.peak_resident() if reference is not None else None)
-        if self.rules.is_cpu and now.limit_bytes > self.plan.limit_bytes:
+        # the reference's own growth (its timing step, the machine's peaks) within the margin's floor
+        # is what the margin is for; past it, the limit no longer holds what the reference does
+        if (
+            self.rules.is_cpu
+            and now.reference_peak_bytes
+            > self.plan.limit_bytes - self.plan.threads_bytes - MARGIN_FLOOR_BYTES
+        ):
             message = (
                 f"the candidate ran out of memory at its {format_size(self.plan.limit_bytes)} limit, and the "
-                f"reference itself has since reached {format_size(now.reference_peak_bytes)} of address space, "
-                f"more than the {format_size(self.plan.reference_peak_bytes)} the limit was sized from: the "
-                "grader's sizing, not the candidate, is to blame"
+                f"reference itself has since reached {format_size(now.reference_peak_bytes)} of address space "
+                f"(the limit was sized from {format_size(self.plan.reference_peak_bytes)}): the grader's sizing, "
+                "not the candidate, is to blame"
             )
             finding = Finding(
                 check="memory_limit", severity="warn", message=message, evidence=error[:300]

@@ -10,11 +10,14 @@ come out (`MemoryPlan`), in two units on purpose:
   (never less than the runtime plus twice the parameters, one input set and the
   output), plus a margin of a quarter of the problem's data (at least 256 MiB), plus
   one timed batch's inputs and outputs (the timing step holds up to 16 calls' outputs
-  and a staged batch, beyond the one call the self-check measured);
+  and a staged batch, beyond the one call the self-check measured), plus the address
+  space of 8 more threads than the reference runs (each costs about 80 MiB of address
+  space it never touches: glibc's 64 MiB arena reservation and its stack; a candidate
+  that starts a thread pool is judged by the cores check, not killed by its limit);
 - the grading's reservation in the machine's ledger, in **resident** bytes: the
   reference's high-water mark plus a batch, the candidate's limit less the part of
   the runtime's address space that is mapped but not resident (the reference's
-  ``VmPeak - VmHWM``: the same interpreter and libraries), and the supervisor's
+  ``VmPeak - VmHWM``: the same interpreter and libraries) and the threads' allowance, and the supervisor's
   copies (the inputs and outputs it holds, the timing pool file and each batch's
   two sealed copies).
 
@@ -35,6 +38,7 @@ from agentinfra._settings import format_size
 __all__ = [
     "MARGIN_FLOOR_BYTES",
     "MARGIN_SHARE",
+    "THREAD_ADDRESS_BYTES",
     "MemoryPlan",
     "ProblemSizes",
     "admission_bytes",
@@ -51,6 +55,9 @@ RUNTIME_RESIDENT_BYTES = 256 << 20
 """Resident memory of a worker before any problem data (measured: 0.25 GiB)."""
 MAX_BATCH_CALLS = 16
 """The most calls one timed batch makes (`_timing`'s plan)."""
+EXTRA_THREADS = 8
+THREAD_ADDRESS_BYTES = 80 << 20
+"""Address space one more torch thread costs (measured: 8 threads 1989 MiB, 1 thread 1429 MiB)."""
 POOL_BYTES_LIMIT = 768 << 20
 """The timing pool's bound (`_timing.POOL_BYTES_LIMIT`; a pool of 4 entries may exceed it)."""
 
@@ -94,6 +101,8 @@ class MemoryPlan:
     """The reference's address space the limit starts from (its ``VmPeak``, or the sizes' floor)."""
     margin_bytes: int
     batch_bytes: int
+    threads_bytes: int
+    """Address space for `EXTRA_THREADS` more threads than the reference's (not resident)."""
     reference_resident_bytes: int
     candidate_resident_bytes: int
     supervisor_bytes: int
@@ -106,8 +115,8 @@ class MemoryPlan:
     def describe(self) -> str:
         return (
             f"the candidate's limit {_size(self.limit_bytes)} of address space is the reference's peak "
-            f"{_size(self.reference_peak_bytes)} plus a {_size(self.margin_bytes)} margin and a timed batch's "
-            f"{_size(self.batch_bytes)}; the grading holds about {_size(self.reserve_bytes)} resident "
+            f"{_size(self.reference_peak_bytes)} plus a {_size(self.margin_bytes)} margin, a timed batch's "
+            f"{_size(self.batch_bytes)} and {_size(self.threads_bytes)} for {EXTRA_THREADS} more threads; the grading holds about {_size(self.reserve_bytes)} resident "
             f"(reference {_size(self.reference_resident_bytes)}, candidate "
             f"{_size(self.candidate_resident_bytes)}, supervisor {_size(self.supervisor_bytes)})"
         )
@@ -163,12 +172,14 @@ def memory_plan(
     peak = max(peak_bytes or 0, floor)
     margin = max(MARGIN_FLOOR_BYTES, int(MARGIN_SHARE * (peak - runtime)))
     batch = batch_bytes(sizes)
-    limit = peak + margin + batch
+    threads = EXTRA_THREADS * THREAD_ADDRESS_BYTES
+    limit = peak + margin + batch + threads
     resident = resident_bytes if resident_bytes is not None else peak
     unmapped = max(0, peak - resident)
     return MemoryPlan(
         limit_bytes=limit, reference_peak_bytes=peak, margin_bytes=margin, batch_bytes=batch,
-        reference_resident_bytes=resident + batch, candidate_resident_bytes=max(resident, limit - unmapped),
+        threads_bytes=threads, reference_resident_bytes=resident + batch,
+        candidate_resident_bytes=max(resident, limit - threads - unmapped),
         supervisor_bytes=supervisor_bytes(sizes, timing_pairs=timing_pairs, measure_speed=measure_speed),
     )  # fmt: skip
 
