@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,4 +115,45 @@ def test_a_problem_that_cannot_fit_on_this_machine_is_refused_naming_its_figure(
     error = verdict.error or ""
     assert "problem too large for this machine" in error
     assert "MemAvailable 700.0 MiB of MemTotal 4.0 GiB" in error
+    assert not list(tmp_path.glob("r-*"))
+
+
+def test_a_grading_that_cannot_grow_to_its_plan_starts_again_and_waits_for_it_whole(
+    tmp_path: Path,
+) -> None:
+    problem = WIDE + b"\n# a problem of its own: no plan measured yet in this process\n"
+    # 2 GiB for gradings (64 GiB, 3.2 GiB headroom); another holds 1.2 GiB: the sizes' 0.5 GiB fit
+    # beside it, the measured plan (about 1.2 GiB) does not
+    ledger = MemoryLedger(tmp_path, machine=lambda: MachineMemory(64 * GIB, int(5.2 * GIB)))
+    other = ledger.reserve(int(1.2 * GIB), label="another grading", max_wait_s=0)
+    restarted = threading.Event()
+
+    class Watch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "starts again" in record.getMessage():
+                restarted.set()
+
+    def release_once_restarted() -> None:
+        restarted.wait(120)
+        time.sleep(0.5)  # it is waiting in the queue by now
+        other.release()
+
+    watch = Watch(level=logging.INFO)
+    graders = logging.getLogger("agentinfra.environments.kernels")
+    graders.addHandler(watch)
+    level = graders.level
+    graders.setLevel(logging.INFO)
+    helper = threading.Thread(target=release_once_restarted)
+    helper.start()
+    try:
+        verdict = grade(
+            problem, problem + b"\n\nModelNew = Model\n", quick(ledger), problem_name="wide.py"
+        )
+    finally:
+        graders.removeHandler(watch)
+        graders.setLevel(level)
+        other.release()
+        helper.join(10)
+    assert restarted.is_set()
+    assert verdict.outcome is Outcome.PASSED, verdict
     assert not list(tmp_path.glob("r-*"))
