@@ -389,7 +389,7 @@ class _Grading:
         theirs = self.pool.worker_sockets()
         self.candidate_socket = theirs[1]
         try:
-            self.calls.start_reference(
+            self.calls.start_reference(  # the reference has no limits: only threads and cores apply
                 self.private, self._limits(_CUDA_LIMIT_BYTES), device=self.options.device,
                 use_fork_server=self.options.fork_server, fd_socket=theirs[0].fileno(),
             )  # fmt: skip
