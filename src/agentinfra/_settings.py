@@ -152,8 +152,9 @@ class GraderConfig:
 
     timeout_s: float = 120.0
     """Wall-clock limit for one candidate process (AGENTINFRA_GRADER_TIMEOUT_S)."""
-    memory_limit_bytes: int = 4 * 1024**3
-    """Address-space / cgroup memory limit for the candidate (AGENTINFRA_GRADER_MEMORY)."""
+    memory_limit_bytes: int | None = None
+    """A cap on the candidate's memory limit (AGENTINFRA_GRADER_MEMORY). The limit itself is sized per
+    problem from the reference's measured peak; None: no cap beyond what the machine can give."""
     max_processes: int = 64
     """Processes and threads the candidate may start (AGENTINFRA_GRADER_MAX_PROCESSES)."""
     threads: int = 1
@@ -173,7 +174,7 @@ class GraderConfig:
             f"timeout_s={self.timeout_s} must be > 0 (AGENTINFRA_GRADER_TIMEOUT_S)",
         )
         _require(
-            self.memory_limit_bytes >= 64 * 1024**2,
+            self.memory_limit_bytes is None or self.memory_limit_bytes >= 64 * 1024**2,
             f"memory_limit_bytes={self.memory_limit_bytes} must be >= 64MiB (AGENTINFRA_GRADER_MEMORY)",
         )
         _require(
@@ -279,6 +280,11 @@ def _size(env: Mapping[str, str], name: str, default: int) -> int:
     return default if text is None else parse_size(text, knob=ENV_PREFIX + name)
 
 
+def _optional_size(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(ENV_PREFIX + name)
+    return None if not text else parse_size(text, knob=ENV_PREFIX + name)
+
+
 def _path(env: Mapping[str, str], name: str) -> Path | None:
     text = env.get(ENV_PREFIX + name)
     return Path(text) if text else None
@@ -358,7 +364,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         ),
         grader=GraderConfig(
             timeout_s=_float(env, "GRADER_TIMEOUT_S", defaults.grader.timeout_s),
-            memory_limit_bytes=_size(env, "GRADER_MEMORY", defaults.grader.memory_limit_bytes),
+            memory_limit_bytes=_optional_size(env, "GRADER_MEMORY"),
             max_processes=_int(env, "GRADER_MAX_PROCESSES", defaults.grader.max_processes),
             threads=_int(env, "GRADER_THREADS", defaults.grader.threads),
             device=env.get(ENV_PREFIX + "GRADER_DEVICE", defaults.grader.device),

@@ -21,7 +21,9 @@ never exceptions. Third-party exceptions are translated at the component boundar
     │   ├── ChannelClosedError   a jailed process closed its end of the channel
     │   ├── ChannelTimeoutError  a jailed process did not answer before the deadline
     │   ├── ForkServerError      the fork server could not be started, or did not answer a spawn
-    │   └── UidExhaustedError    no free sandbox uid: too many jails at once on this machine
+    │   ├── UidExhaustedError    no free sandbox uid: too many jails at once on this machine
+    │   ├── MemoryTooLargeError     (agentinfra.sandbox) a memory reservation this machine can never grant
+    │   └── MemoryWaitTimeoutError  (agentinfra.sandbox) a memory reservation not granted within its bound
     ├── TaskEnvironmentError     environments/ (problems, graders)
     └── AgentError               agent/ (model endpoint, tools, loop)
         └── ToolError            the model called a tool wrongly (the message goes back to it)

@@ -16,6 +16,7 @@ import pytest
 
 from agentinfra.environments import Outcome
 from agentinfra.environments.kernels import GradeOptions, Verdict, grade
+from agentinfra.sandbox import MachineMemory, MemoryLedger
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "fixtures" / "kernels" / "problems"
 
@@ -57,20 +58,29 @@ def test_a_reference_random_in_eval_mode_too_blames_the_problem() -> None:
     assert "training and in eval mode" in (verdict.error or "")
 
 
-def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob() -> None:
+def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob(
+    tmp_path: Path,
+) -> None:
+    # on a machine with room for it (a fake one), the wire's frame is what refuses it
+    roomy = MemoryLedger(tmp_path, machine=lambda: MachineMemory(256 << 30, 200 << 30))
     started = time.monotonic()
-    verdict = grade_identity("huge_output.py")
+    verdict = grade_identity("huge_output.py", memory_ledger=roomy)
     assert time.monotonic() - started < 30  # sized on the meta device: 4.1 GiB is never allocated
     assert verdict.outcome is Outcome.GRADER_ERROR
     assert checks(verdict) == {"problem"}
     error = verdict.error or ""
     assert "output 4.1 GiB" in error
-    assert "memory limit is 4.0 GiB" in error
-    assert "AGENTINFRA_GRADER_MEMORY" in error
-    # with room in the sandbox, the wire's frame is the limit
-    wire = grade_identity("huge_output.py", memory_limit_bytes=16 << 30)
-    assert wire.outcome is Outcome.GRADER_ERROR
-    assert "over the 4.0 GiB frame" in (wire.error or "")
+    assert "over the 4.0 GiB frame" in error  # no cap by default: the wire's frame is the limit
+    # under a cap below what the sizes say the candidate needs, the cap and its knob are named
+    capped = grade_identity("huge_output.py", memory_limit_bytes=4 << 30, memory_ledger=roomy)
+    assert capped.outcome is Outcome.GRADER_ERROR
+    assert "capped at 4.0 GiB" in (capped.error or "")
+    assert "AGENTINFRA_GRADER_MEMORY" in (capped.error or "")
+    # on a machine without room for it, the machine's figure is named first
+    small = MemoryLedger(tmp_path, machine=lambda: MachineMemory(16 << 30, 12 << 30))
+    machine = grade_identity("huge_output.py", memory_ledger=small)
+    assert "problem too large for this machine" in (machine.error or "")
+    assert "MemAvailable 12.0 GiB of MemTotal 16.0 GiB" in (machine.error or "")
 
 
 @pytest.mark.slow

@@ -58,6 +58,7 @@ from agentinfra.rollouts._ray import RayCluster, RayPlacement
 from agentinfra.rollouts._runner import read_trajectory, run_rollout
 from agentinfra.rollouts._slots import GradingSlots
 from agentinfra.rollouts._spec import Group, GroupRequest, new_group
+from agentinfra.sandbox import MemoryLedger
 
 __all__ = ["PROBE_TTL_S", "RolloutService", "ServiceConfig"]
 
@@ -182,6 +183,17 @@ class _StateCollector:
         yield cores
         yield GaugeMetricFamily(
             "agentinfra_gradings_waiting", "Gradings waiting for cores", value=self.slots.waiting
+        )
+        memory = MemoryLedger().view()  # the host's: every grading process of this user
+        yield GaugeMetricFamily(
+            "agentinfra_gradings_waiting_memory",
+            "Gradings on this host waiting for memory (the host's memory ledger)",
+            value=memory.waiting,
+        )
+        yield GaugeMetricFamily(
+            "agentinfra_grading_memory_reserved_bytes",
+            "Memory reserved by gradings on this host (the host's memory ledger)",
+            value=memory.held_bytes,
         )
 
 

@@ -34,7 +34,8 @@ What it does not protect against:
 - the kernel itself: there is no seccomp filter, so the whole system-call
   surface is open, and a kernel bug is an escape;
 - total memory, I/O and CPU share: there are no cgroups; ``RLIMIT_AS`` caps
-  each process, not their sum, and ``/dev/shm`` and ``/tmp`` count against the
+  each process, not their sum (callers reserve their sum in the host's
+  `MemoryLedger` and wait for it, but a jail itself is not held to it), and ``/dev/shm`` and ``/tmp`` count against the
   machine's memory up to their size caps;
 - wall-clock time: the jail has no deadline; its owner enforces one
   (`JailedProcess` requests take one);
@@ -56,6 +57,15 @@ Public names are re-exported here in one sorted `__all__`, pinned by a test.
 
 from agentinfra.sandbox._channel import JailedProcess, process_tree
 from agentinfra.sandbox._forkserver import ForkedProcess, ForkServer
+from agentinfra.sandbox._memory import (
+    LedgerView,
+    MachineMemory,
+    MemoryLedger,
+    MemoryTooLargeError,
+    MemoryWaitTimeoutError,
+    Reservation,
+    machine_memory,
+)
 from agentinfra.sandbox._spec import (
     JailLimits,
     JailSpec,
@@ -79,9 +89,16 @@ __all__ = [
     "JailLimits",
     "JailSpec",
     "JailedProcess",
+    "LedgerView",
+    "MachineMemory",
+    "MemoryLedger",
+    "MemoryTooLargeError",
+    "MemoryWaitTimeoutError",
+    "Reservation",
     "SandboxMode",
     "UID_RANGE",
     "kill_uid",
+    "machine_memory",
     "pids_by_uid",
     "probe_sandbox_mode",
     "process_tree",

@@ -147,3 +147,5 @@ def test_the_service_metrics_show_the_pool(tmp_path: Path) -> None:
     assert 'agentinfra_grading_slots{state="busy"} 2.0' in text
     assert 'agentinfra_grading_slots{state="free"} 1.0' in text
     assert "agentinfra_gradings_waiting 0.0" in text
+    assert "agentinfra_gradings_waiting_memory " in text  # the host's ledger: other processes count
+    assert "agentinfra_grading_memory_reserved_bytes " in text

@@ -121,15 +121,24 @@ problems load unchanged, and some are random or too large for the machine):
   When it still disagrees (random ops inside ``forward``) the outcome is
   ``grader_error`` with a ``problem`` finding: output comparison cannot grade it.
   The candidate is never ``failed`` for the reference's randomness.
-- A problem too large: before the model is built, the reference worker sizes
-  parameters, one input set and the output on torch's meta device (nothing is
-  allocated). Over the candidate's memory limit, over the wire's 4 GiB reply
-  frame (outputs are compared whole, here), or over three times the machine's
-  available memory (reference, candidate and these copies): ``grader_error`` in
-  seconds with a ``problem`` finding naming the sizes, the limit and the knob.
-- A reference that needs more address space in one call than the candidate's
-  memory limit (its ``VmPeak`` after the self-check, CPU): ``grader_error`` with a
-  ``problem`` finding; a candidate doing the same work could not fit either.
+- Memory is sized per problem and reserved machine-wide (`_sizing`, decision 0024):
+  before the model is built, the reference worker sizes parameters, one input
+  set and the output on torch's meta device (nothing is allocated); over the
+  wire's 4 GiB reply frame (outputs are compared whole, here) the problem is
+  refused in seconds. The grading then reserves its memory in the host's ledger
+  (`agentinfra.sandbox.MemoryLedger`, shared by every grading process of this
+  user), waiting in turn while other gradings hold it; only a grading that could
+  not fit even on this machine with no other grading is refused (``grader_error``
+  with a ``problem`` finding naming the machine's figure). The candidate starts
+  after the reference's self-check, with an address-space limit sized from the
+  reference's measured peak (`_sizing.memory_plan`: plus a quarter of the data,
+  at least 256 MiB, a timed batch, and 8 more threads' untouched reservations),
+  never over ``AGENTINFRA_GRADER_MEMORY`` where set (a cap: over it the problem is
+  refused, naming the knob).
+- A candidate that runs out of memory is ``crashed`` when the reference, measured
+  again then, still fits the limit with the margin's floor to spare; when the
+  reference itself has come that close, the grader's sizing is to blame
+  (``grader_error`` with a ``memory_limit`` finding), never the candidate.
 - A slow problem's candidate gets the wall-clock budget its calls need: at least
   ``timeout_s``, extended to three times the reference's time for the calls the
   grading makes (plus 30 s). The reference's time decides, never the candidate's.
@@ -162,21 +171,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import random
 import secrets
 import shutil
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from agentinfra.environments.kernels._correctness import check_candidate, reference_self_check
+from agentinfra.environments.kernels._grading_memory import (
+    GradingMemory,
+    MemoryRules,
+    RestartGradingError,
+)
 from agentinfra.environments.kernels._judgements import (
     SpeedupResult,
-    address_space_refusal,
     judge_cores,
     judge_idle,
     judge_plausibility,
@@ -192,6 +205,7 @@ from agentinfra.environments.kernels._process_state import (
     release_cpus,
 )
 from agentinfra.environments.kernels._settings import KernelSettings
+from agentinfra.environments.kernels._sizing import MemoryPlan, ProblemSizes
 from agentinfra.environments.kernels._static import static_findings
 from agentinfra.environments.kernels._timing import Measurements, TimingRun
 from agentinfra.environments.kernels._timing_pool import TimingPool
@@ -210,12 +224,19 @@ from agentinfra.environments.kernels._workers import (
     SandboxLimits,
 )
 from agentinfra.errors import ConfigError
-from agentinfra.sandbox import probe_sandbox_mode
+from agentinfra.sandbox import MemoryLedger, probe_sandbox_mode
 
 __all__ = ["GRADER_VERSION", "GradeOptions", "grade", "grade_async"]
 
 GRADER_VERSION = "1.0.0"
 _MAX_FINDINGS_PER_CHECK = 3
+_CUDA_LIMIT_BYTES = 4 << 30
+"""The candidate's limit on CUDA without a cap: a CUDA process's address space is mostly the
+driver's reservations, so the reference's is not measured there (the former fixed limit)."""
+_MEMORY_WAIT_FACTOR = 10
+"""A grading waits for memory at most this many times ``timeout_s`` (at least 600 s)."""
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,7 +248,9 @@ class GradeOptions:
     """Torch threads on both sides (CPU)."""
     timeout_s: float = 120.0
     """Wall-clock budget of the candidate process."""
-    memory_limit_bytes: int = 4 << 30
+    memory_limit_bytes: int | None = None
+    """A cap on the candidate's address-space limit, which is sized per problem (`_sizing`);
+    over it a problem is refused. None: no cap beyond what the machine can give."""
     max_processes: int = 64
     correctness_seeds: int = 2
     timing_pairs: int = 20
@@ -238,6 +261,8 @@ class GradeOptions:
     fork_server: bool = True
     """Fork CPU workers from a process-wide zygote that has torch imported (`worker_fork_server`),
     instead of starting two interpreters per grading; the jail is the same either way."""
+    memory_ledger: MemoryLedger | None = None
+    """Where the grading reserves its memory; None: this host's (`MemoryLedger()`)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -253,6 +278,11 @@ class GradeOptions:
             )
         if not 0 < self.audit_fraction <= 1:
             raise ConfigError(f"audit_fraction={self.audit_fraction} must be in (0, 1]")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes < 64 << 20:
+            raise ConfigError(
+                f"memory_limit_bytes={self.memory_limit_bytes} must be >= 64 MiB or None "
+                "(AGENTINFRA_GRADER_MEMORY)"
+            )
 
     @classmethod
     def from_settings(cls, settings: KernelSettings, **overrides: Any) -> GradeOptions:
@@ -275,7 +305,7 @@ class _Grading:
     start the candidate, correctness, timing, verdict."""
 
     def __init__(self, problem_source: bytes, submission_source: bytes, options: GradeOptions,
-                 problem_name: str) -> None:  # fmt: skip
+                 problem_name: str, *, restarted: bool = False) -> None:  # fmt: skip
         self.options = options
         self.meta = parse_problem_meta(problem_source, Path(problem_name))
         self.problem_source = problem_source
@@ -296,6 +326,21 @@ class _Grading:
         self.threads = options.threads
         self.cpus: tuple[int, ...] = ()
         """The cores this grading's workers are pinned to, claimed by `run` (`claim_cpus`)."""
+        self.memory = GradingMemory(
+            MemoryRules(
+                key=(self.meta.sha256, options.device, options.threads),
+                label=f"{self.meta.path.name} ({self.meta.sha256[:12]})",
+                cap_bytes=options.memory_limit_bytes, timing_pairs=options.timing_pairs,
+                measure_speed=options.measure_speed, is_cpu=options.device == "cpu",
+                max_wait_s=max(600.0, _MEMORY_WAIT_FACTOR * options.timeout_s),
+            ),
+            options.memory_ledger or MemoryLedger(), restarted=restarted,
+        )  # fmt: skip
+        self.plan: MemoryPlan | None = None
+        self.budget_s = 0.0
+        """The candidate's wall-clock budget beyond ``timeout_s`` that a slow reference's calls need."""
+        self.candidate_socket: Any = None
+        """The candidate's end of its descriptor socket, until the candidate starts."""
 
     def _add(self, finding: Finding | None) -> None:
         """Records a finding; a runtime check that fires on every call is kept three times."""
@@ -319,17 +364,17 @@ class _Grading:
         for sub in ("reference", "candidate"):
             (self.private / sub).mkdir()
 
-    def _limits(self) -> SandboxLimits:
+    def _limits(self, memory_limit_bytes: int) -> SandboxLimits:
         return SandboxLimits(
-            memory_limit_bytes=self.options.memory_limit_bytes,
+            memory_limit_bytes=memory_limit_bytes,
             max_processes=self.options.max_processes,
             cpu_limit_s=int(self.options.timeout_s * max(self.threads, 1)) + 30,
             threads=self.threads,
             cpus=self.cpus,
         )
 
-    def spawn_workers(self) -> None:
-        """Starts both worker processes at once: their interpreter and torch start-ups overlap.
+    def spawn_reference(self) -> None:
+        """Starts the reference worker; the candidate starts once its limit is sized (`spawn_candidate`).
 
         A submission that signals processes is refused first where no namespaces
         could contain it (``rlimits-only``): it is never started.
@@ -342,17 +387,34 @@ class _Grading:
                 "not run: it signals processes and this machine has no namespaces to contain it",
             )
         theirs = self.pool.worker_sockets()
+        self.candidate_socket = theirs[1]
         try:
-            self.calls.start(
-                self.private, self._limits(), device=self.options.device,
-                use_fork_server=self.options.fork_server, fd_sockets=(theirs[0].fileno(), theirs[1].fileno()),
+            self.calls.start_reference(  # the reference has no limits: only threads and cores apply
+                self.private, self._limits(_CUDA_LIMIT_BYTES), device=self.options.device,
+                use_fork_server=self.options.fork_server, fd_socket=theirs[0].fileno(),
             )  # fmt: skip
         finally:
-            for sock in theirs:
-                sock.close()
+            theirs[0].close()
+
+    def spawn_candidate(self) -> None:
+        """Starts the candidate with the limit `check_reference` sized, and its budget."""
+        assert self.plan is not None
+        limit = self.plan.limit_bytes
+        if self.options.device == "cuda":
+            limit = self.options.memory_limit_bytes or max(limit, _CUDA_LIMIT_BYTES)
+        try:
+            self.calls.start_candidate(
+                self.private, self._limits(limit), device=self.options.device,
+                use_fork_server=self.options.fork_server, fd_socket=self.candidate_socket.fileno(),
+            )  # fmt: skip
+        finally:
+            self.candidate_socket.close()
+            self.candidate_socket = None
+        self.calls.deadline += self.budget_s
 
     def start_reference(self) -> dict[str, Any]:
-        """The reference's hello, its sizes (a problem too large is refused) and its load."""
+        """The reference's hello, its sizes (a problem too large is refused), the grading's memory
+        reservation (`admit`: it may wait) and the reference's load."""
         reference = self.calls.reference
         assert reference is not None
         problem = self.private / "problem.py"
@@ -370,12 +432,16 @@ class _Grading:
         sizes = self.calls.reference_call(
             {"op": "estimate", "path": reference.program_path(problem)}
         )
-        refusal = size_refusal(
-            sizes.header, memory_limit_bytes=self.options.memory_limit_bytes,
-            max_reply_bytes=MAX_REPLY_BYTES, available_bytes=_available_memory(),
+        cpu = self.options.device == "cpu"
+        problem_sizes = ProblemSizes.from_header(sizes.header)
+        baseline = reference.peak_address_space() if cpu else None
+        # what cannot fit this machine at all is refused naming the machine; then the cap, the wire
+        refusal = self.memory.unfit(problem_sizes, baseline) or size_refusal(
+            sizes.header, memory_cap_bytes=self.options.memory_limit_bytes, max_reply_bytes=MAX_REPLY_BYTES
         )  # fmt: skip
         if refusal is not None:
             raise blame_problem(refusal)
+        self.memory.admit(problem_sizes, baseline)
         self.init_seed = self.rng.randrange(1 << 31)
         frame = self.calls.reference_call(
             {"op": "load", "role": "reference", "path": reference.program_path(problem), "threads": self.threads,
@@ -384,20 +450,19 @@ class _Grading:
         return {"header": frame.header, "tensors": frame.tensors}
 
     def check_reference(self) -> None:
-        """The reference's own self-check, its memory against the sandbox's limit, and the candidate's budget.
+        """The reference's own self-check, the candidate's memory limit sized from it, and its budget.
 
-        A reference that needs more address space than the candidate may have cannot be
-        matched by a candidate doing the same work: the problem is refused. A slow
-        reference extends the candidate's wall-clock budget to what its calls need
-        (the reference's time, never the candidate's, decides).
+        The reference's peak address space and resident high-water mark after the
+        self-check size the candidate's limit and the grading's reservation
+        (`_sizing.memory_plan`); over the user's cap the problem is refused. When the
+        reservation cannot grow to the plan now, the grading starts again from the
+        ledger's queue with the plan known (`RestartGradingError`). A slow reference extends the
+        candidate's wall-clock budget to what its calls need (the reference's time,
+        never the candidate's, decides).
         """
         self.check_determinism()
         assert self.calls.reference is not None
-        cpu = self.options.device == "cpu"
-        peak = self.calls.reference.peak_address_space() if cpu else None
-        refusal = address_space_refusal(peak, self.options.memory_limit_bytes)
-        if refusal is not None:
-            raise blame_problem(refusal)
+        self.plan = self.memory.size(self.calls.reference)
         key = (self.meta.sha256, self.options.device, self.threads)
         call_s = TRUSTED.call_s.setdefault(key, self.reference_call_s or 0.0)
         calls = (
@@ -405,7 +470,7 @@ class _Grading:
             + len(self.meta.shape_variants)
             + 2 * (self.options.timing_pairs + 2)
         )
-        self.calls.deadline = max(self.calls.deadline, time.monotonic() + 3 * calls * call_s + 30)
+        self.budget_s = max(0.0, 3 * calls * call_s + 30 - self.options.timeout_s)
 
     def check_determinism(self) -> None:
         """The reference's self-check (`reference_self_check`): eval mode, else blame the problem."""
@@ -417,6 +482,7 @@ class _Grading:
 
     def start_candidate(self, loaded: dict[str, Any]) -> None:
         """The candidate's hello and load, with the reference's initial state; eval mode if the reference's."""
+        self.spawn_candidate()
         candidate = self.calls.candidate
         assert candidate is not None
         if candidate.mode == "rlimits-only":
@@ -533,6 +599,10 @@ class _Grading:
         self.calls.close()
         shutil.rmtree(self.private, ignore_errors=True)
         self.pool.close()
+        if self.candidate_socket is not None:
+            self.candidate_socket.close()
+            self.candidate_socket = None
+        self.memory.release()
         release_cpus(self.cpus)
         self.cpus = ()
 
@@ -541,7 +611,7 @@ class _Grading:
         self.cpus = claim_cpus(self.threads)
         try:
             self.prepare()
-            self.spawn_workers()
+            self.spawn_reference()
             loaded = self.start_reference()
             self.check_reference()
             self.start_candidate(loaded)
@@ -549,20 +619,11 @@ class _Grading:
             if self.correct and self.options.measure_speed:
                 self.measure()
         except StopGradingError as exc:
-            self._add(exc.finding)
-            stop = exc
+            stop = self.memory.blame(exc, self.calls.reference)
+            self._add(stop.finding)
         finally:
             self.close()
         return self.verdict(stop)
-
-
-def _available_memory() -> int | None:
-    """The machine's ``MemAvailable`` in bytes, or None where /proc/meminfo has none."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return None
 
 
 def grade(
@@ -588,9 +649,16 @@ def grade(
     ):
         if not isinstance(value, bytes):
             raise TypeError(f"grade() takes the {label} as bytes, not {type(value).__name__}")
-    return _Grading(
-        problem_source, submission_source, options or GradeOptions(), problem_name
-    ).run()
+    options = options or GradeOptions()
+    try:
+        return _Grading(problem_source, submission_source, options, problem_name).run()
+    except (
+        RestartGradingError
+    ):  # the plan is known now (`TRUSTED.memory`): reserved whole this time
+        logger.info("grading of %s starts again to wait for its measured memory", problem_name)
+        return _Grading(
+            problem_source, submission_source, options, problem_name, restarted=True
+        ).run()
 
 
 async def grade_async(

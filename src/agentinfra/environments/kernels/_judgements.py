@@ -27,8 +27,8 @@ __all__ = [
     "Refusal",
     "SpeedupResult",
     "StagingCpu",
-    "address_space_refusal",
     "bootstrap_ci",
+    "cap_refusal",
     "interval_tight",
     "judge_cores",
     "judge_cpu",
@@ -281,35 +281,27 @@ def utilisation(
 
 
 def size_refusal(
-    sizes: Mapping[str, Any],
-    *,
-    memory_limit_bytes: int,
-    max_reply_bytes: int,
-    available_bytes: int | None,
+    sizes: Mapping[str, Any], *, memory_cap_bytes: int | None, max_reply_bytes: int
 ) -> Refusal | None:
-    """A problem that cannot fit, from the reference's meta-device sizes; unknown sizes pass.
+    """A problem that cannot be graded at all, from the reference's meta-device sizes; unknown sizes pass.
 
-    Over the candidate's memory limit, over the wire's reply frame (one input set and its
-    output, or the output alone), or over a third of the machine's available memory.
+    Over the wire's reply frame (one input set and its output, or the output alone), or, where the
+    user capped the candidate's memory (``memory_cap_bytes``), over that cap. What the machine can
+    give is the memory ledger's to judge (`_grader`), not this function's.
     """
     params, inputs, output = (
         sizes.get(k) if isinstance(sizes.get(k), int) else None
         for k in ("params_bytes", "inputs_bytes", "output_bytes")
     )
-    need = sum(v for v in (params, inputs, output) if v is not None)
-    if not need:
-        return None
     parts = f"parameters {_size(params)}, one input set {_size(inputs)}, output {_size(output)}"
-    limit = memory_limit_bytes
     # the candidate receives the parameters and builds its own copy, then holds one call's
     # inputs and output, beside Python and torch (about 1 GiB of address space)
     candidate_need = 2 * (params or 0) + (inputs or 0) + (output or 0) + RUNTIME_BYTES
-    if candidate_need > limit:
+    if memory_cap_bytes is not None and candidate_need > memory_cap_bytes:
         return Refusal(
             f"problem too large for the sandbox: the candidate needs at least {_size(candidate_need)} ({parts}; "
             f"the parameters twice while it loads, {_size(RUNTIME_BYTES)} for Python and torch); its memory "
-            f"limit is {_size(limit)} (AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise it, "
-            "or shrink the problem's sizes"
+            f"is capped at {_size(memory_cap_bytes)} {CAP_KNOB}"
         )
     if inputs is not None and output is not None and inputs + output > max_reply_bytes:
         return Refusal(
@@ -323,23 +315,22 @@ def size_refusal(
             f"reply frame (outputs are compared whole by the supervisor; {parts}): shrink the problem's "
             "sizes to grade it here"
         )
-    if available_bytes is not None and 3 * need > available_bytes:
-        return Refusal(
-            f"problem too large for this machine: grading holds about 3 x {_size(need)} (reference, "
-            f"candidate and the supervisor's copies; {parts}) and {_size(available_bytes)} is available: "
-            "run it on a larger machine, or shrink the problem's sizes"
-        )
     return None
 
 
-def address_space_refusal(peak_bytes: int | None, memory_limit_bytes: int) -> Refusal | None:
-    """A reference that reached more address space in one call than the candidate may have."""
-    if peak_bytes is None or peak_bytes <= memory_limit_bytes:
+CAP_KNOB = (
+    "(AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise or unset the cap, "
+    "or shrink the problem's sizes"
+)
+
+
+def cap_refusal(limit_bytes: int, why: str, memory_cap_bytes: int | None) -> Refusal | None:
+    """A candidate limit sized over the user's cap (``why`` says how it was sized)."""
+    if memory_cap_bytes is None or limit_bytes <= memory_cap_bytes:
         return None
     return Refusal(
-        f"problem too large for the sandbox: the reference itself reached {_size(peak_bytes)} of address "
-        f"space running one call; the candidate's memory limit is {_size(memory_limit_bytes)} "
-        "(AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise it, or shrink the problem's sizes"
+        f"problem too large for the sandbox under its cap: {why}; the candidate's memory is capped at "
+        f"{_size(memory_cap_bytes)} {CAP_KNOB}"
     )
 
 

@@ -2,8 +2,8 @@
 
 - `TRUSTED`: caches filled only from the reference worker (the problem's own code,
   never a submission), for as long as the process lives: the machine's peaks per
-  device and thread count, and per problem hash the reference's self-check and one
-  call's time. A candidate cannot write to them; a changed problem has another hash.
+  device and thread count, and per problem hash the reference's self-check, one
+  call's time and its memory peaks. A candidate cannot write to them; a changed problem has another hash.
 - CPU claims (`claim_cpus`, `release_cpus`): which cores live gradings are pinned to.
 - The garbage-collector pause (`gc_paused`) shared by concurrent timing loops.
 - Worker uids (`reserve_worker_uid`), reserved machine-wide by `agentinfra.sandbox`.
@@ -45,6 +45,9 @@ class TrustedCaches:
     modules' names (graded in eval mode): the self-check runs once per problem per process."""
     call_s: dict[tuple[str, str, int], float] = field(default_factory=dict)
     """(problem sha256, device, threads) -> one reference call's seconds, from its self-check."""
+    memory: dict[tuple[str, str, int], tuple[int | None, int | None]] = field(default_factory=dict)
+    """(problem sha256, device, threads) -> the reference's peak address space and resident memory
+    after its self-check (`_sizing.memory_plan`), the largest measured in this process."""
 
 
 TRUSTED = TrustedCaches()

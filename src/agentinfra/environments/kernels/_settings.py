@@ -31,8 +31,9 @@ class KernelSettings(BaseModel):
     """Wall-clock limit of one candidate process (AGENTINFRA_GRADER_TIMEOUT_S)."""
     timing_pairs: int = Field(default=20, ge=3)
     correctness_seeds: int = Field(default=2, ge=1)
-    memory_limit_bytes: int = Field(default=4 << 30, ge=64 << 20)
-    """The candidate's memory limit (AGENTINFRA_GRADER_MEMORY)."""
+    memory_limit_bytes: int | None = Field(default=None, ge=64 << 20)
+    """A cap on the candidate's memory limit, which is sized per problem (AGENTINFRA_GRADER_MEMORY);
+    None: no cap beyond the machine's. Runs stored before it was a cap keep their value as the cap."""
     max_processes: int = Field(default=64, ge=1)
     """Processes and threads the candidate may start (AGENTINFRA_GRADER_MAX_PROCESSES)."""
     device: Literal["cpu", "cuda"] = "cpu"

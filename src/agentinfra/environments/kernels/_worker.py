@@ -610,6 +610,9 @@ def serve(fd_in: int, fd_out: int, fd_socket: int | None = None) -> None:
                 {"ok": False, "op": op, "error": detail[-2000:], "error_type": type(exc).__name__}
             )
         _write_all(writer, reply)
+        # nothing of this request may outlive it: a reply held into the next call was that call's
+        # extra address space (an identity over its limit where the reference, sized earlier, was not)
+        frame = reply = header = tensors = None  # type: ignore[assignment]
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from agentinfra.environments.kernels._judgements import Refusal
 from agentinfra.environments.kernels._process_state import reserve_worker_uid
@@ -57,27 +57,36 @@ class WorkerCalls:
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released by `close` after the workers are killed."""
 
-    def start(self, private: Path, limits: SandboxLimits, *, device: str, use_fork_server: bool,
-              fd_sockets: tuple[int, int]) -> None:  # fmt: skip
-        """Starts both workers at once (their start-ups overlap), each on a uid reserved for the
-        grading's life, from ``private``'s ``problem.py`` and ``submission.py``; starts the
-        candidate's budget."""
+    def start_reference(self, private: Path, limits: SandboxLimits, *, device: str, use_fork_server: bool,
+                        fd_socket: int) -> None:  # fmt: skip
+        """Starts the reference worker from ``private``'s ``problem.py`` on a uid reserved for the
+        grading's life (no limits: it is the problem's own code)."""
+        self.reference = self._start(private, "reference", limits, device=device,
+                                     use_fork_server=use_fork_server, fd_socket=fd_socket)  # fmt: skip
+
+    def start_candidate(self, private: Path, limits: SandboxLimits, *, device: str, use_fork_server: bool,
+                        fd_socket: int) -> None:  # fmt: skip
+        """Starts the candidate worker from ``private``'s ``submission.py`` with ``limits`` (its memory
+        limit is sized from the reference, so it starts after the reference's self-check); starts
+        the candidate's budget."""
+        self.candidate = self._start(private, "candidate", limits, device=device,
+                                     use_fork_server=use_fork_server, fd_socket=fd_socket)  # fmt: skip
+        self.deadline = time.monotonic() + self.timeout_s
+
+    def _start(self, private: Path, role: Literal["reference", "candidate"], limits: SandboxLimits, *,
+               device: str, use_fork_server: bool, fd_socket: int) -> WorkerProcess:  # fmt: skip
         server = _fork_server(limits.threads, device) if use_fork_server else None
+        program = private / ("problem.py" if role == "reference" else "submission.py")
         try:
-            self.reference = WorkerProcess.start(
-                workdir=private / "reference", role="reference", limits=limits, program=private / "problem.py",
-                uid=self._worker_uid(), device=device, fork_server=server, fd_socket=fd_sockets[0],
-            )  # fmt: skip
-            self.candidate = WorkerProcess.start(
-                workdir=private / "candidate", role="candidate", limits=limits, program=private / "submission.py",
-                uid=self._worker_uid(), device=device, fork_server=server, fd_socket=fd_sockets[1],
+            return WorkerProcess.start(
+                workdir=private / role, role=role, limits=limits, program=program, uid=self._worker_uid(),
+                device=device, fork_server=server, fd_socket=fd_socket,
             )  # fmt: skip
         except ForkServerError as exc:
             raise TaskEnvironmentError(
                 f"the grader's fork server failed: {exc}; grade with GradeOptions(fork_server=False) "
                 "(AGENTINFRA_GRADER_FORK_SERVER=0) to start workers without it"
             ) from None
-        self.deadline = time.monotonic() + self.timeout_s
 
     def _worker_uid(self) -> int:
         """A uid for one worker, reserved for this grading's life (`reserve_worker_uid`)."""

@@ -102,6 +102,7 @@ class SandboxLimits:
     """Limits for one candidate process tree."""
 
     memory_limit_bytes: int
+    """``RLIMIT_AS``: sized per problem by the grader (`_sizing.memory_plan`)."""
     max_processes: int
     cpu_limit_s: int
     threads: int
@@ -373,11 +374,18 @@ class WorkerProcess:
 
     def peak_address_space(self) -> int | None:
         """The largest ``VmPeak`` (peak virtual memory, what ``RLIMIT_AS`` limits) in the process tree."""
+        return self._largest("VmPeak:")
+
+    def peak_resident(self) -> int | None:
+        """The largest ``VmHWM`` (peak resident memory, what the machine gives) in the process tree."""
+        return self._largest("VmHWM:")
+
+    def _largest(self, field: str) -> int | None:
         peaks = []
         for pid in self.channel.descendants():
             with contextlib.suppress(OSError, ValueError, IndexError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmPeak:"):
+                    if line.startswith(field):
                         peaks.append(int(line.split()[1]) * 1024)
         return max(peaks, default=None)
 
