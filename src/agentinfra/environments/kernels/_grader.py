@@ -65,7 +65,7 @@ Covered:
   confidence interval. Patching timers inside the candidate changes nothing.
   Measurement hygiene, the same for both sides: this process's garbage collector
   is off while it times; each worker puts glibc's allocator in one fixed state
-  before it runs anything (`_worker.fix_allocator`: no moving mmap threshold, no
+  before it runs anything (`_worker.fix_allocator`: every block from the heap, no
   heap trim). The candidate may change its own allocator; that moves only its own
   time, which is what it is judged on.
 - Runtime checks that block on a measurement, and their margins:
