@@ -8,7 +8,7 @@ judgements run afterwards on the measurements (`_judgements`).
 
 The plan: batches of up to 16 calls aimed at ``TARGET_BATCH_S`` of reference work
 each, two warm-up pairs, ``timing_pairs`` timed pairs, every call with fresh inputs
-from a pool of at most ``POOL_BYTES_LIMIT``; a slow problem (one reference call over
+from a pool of at most ``POOL_BYTES_LIMIT`` of inputs (outputs are not pooled); a slow problem (one reference call over
 ``SLOW_CALL_S``) gets single-call batches, one warm-up, about ``SLOW_TIMED_S`` of timed
 reference work (at least ``MIN_PAIRS`` pairs) and stops early once the speedup's
 interval is tight (`interval_tight`).
@@ -104,6 +104,7 @@ class TimingRun:
             {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
         )
         entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
+        pooled_bytes = sum(len(t.data) for t in probe.tensors[:-1]) or 1  # inputs: the pool's entry
         reference_s = self._time_single(probe)
         per_batch = max(1, min(16, int(TARGET_BATCH_S / max(reference_s, 1e-6))))
         pairs = self.timing_pairs
@@ -113,11 +114,11 @@ class TimingRun:
             warmup = 1
             pairs = max(MIN_PAIRS, min(pairs, int(SLOW_TIMED_S / reference_s)))
         pool_size = (pairs + warmup) * per_batch
-        if pool_size * entry_bytes > POOL_BYTES_LIMIT:
-            per_batch = max(1, POOL_BYTES_LIMIT // entry_bytes // (pairs + warmup))
+        if pool_size * pooled_bytes > POOL_BYTES_LIMIT:
+            per_batch = max(1, POOL_BYTES_LIMIT // pooled_bytes // (pairs + warmup))
             pool_size = (pairs + warmup) * per_batch
-        if pool_size * entry_bytes > POOL_BYTES_LIMIT:
-            pairs = max(3, POOL_BYTES_LIMIT // entry_bytes - warmup)
+        if pool_size * pooled_bytes > POOL_BYTES_LIMIT:
+            pairs = max(3, POOL_BYTES_LIMIT // pooled_bytes - warmup)
             pool_size = pairs + warmup
         staged = self._share_pool(pool_size, per_batch)
         order = list(range(pool_size))
