@@ -1,4 +1,4 @@
-"""The correctness plan: how many secret seeds each variant gets, on fast and slow problems.
+"""The plans: how many secret seeds each variant gets, and how a grading times, fast and slow.
 
 `check_candidate` runs against a scripted pair of workers (`ScriptedCalls`, the two calls
 `WorkerCalls` answers), so each case it asks for is recorded exactly; nothing is started.
@@ -19,7 +19,12 @@ from agentinfra.environments.kernels._correctness import (
     seeds_for,
 )
 from agentinfra.environments.kernels._problem import ProblemMeta
-from agentinfra.environments.kernels._timing import SLOW_CALL_S
+from agentinfra.environments.kernels._timing import (
+    POOL_BYTES_LIMIT,
+    SLOW_CALL_S,
+    TimingPlan,
+    plan_timing,
+)
 from agentinfra.environments.kernels._wire import Frame, TensorBytes
 from agentinfra.environments.kernels._worker_calls import WorkerCalls
 
@@ -90,3 +95,25 @@ def test_a_slow_problem_checks_fewer_seeds_but_every_variant_and_shape() -> None
     assert sorted(cases) == sorted(
         [(v, "{}") for v in META.variants] + [("base", "{'n': 3}"), ("base", "{'n': 5}")]
     )
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("reference_s", "pooled_bytes", "expected"),
+    [
+        # level1/72: 17 MiB of inputs (and a 113 MiB output, not pooled) at 80 ms a call
+        (0.08, 17 * MIB, TimingPlan(per_batch=1, pairs=20, warmup=2, slow=False, pool_size=22)),
+        (0.001, MIB, TimingPlan(per_batch=16, pairs=20, warmup=2, slow=False, pool_size=352)),
+        (0.001, 8 * MIB, TimingPlan(per_batch=4, pairs=20, warmup=2, slow=False, pool_size=88)),
+        (4.0, 16 * MIB, TimingPlan(per_batch=1, pairs=6, warmup=1, slow=True, pool_size=7)),
+        (0.5, 200 * MIB, TimingPlan(per_batch=1, pairs=3, warmup=1, slow=True, pool_size=4)),
+    ],
+)
+def test_the_timing_plan_pools_inputs_within_the_cap(
+    reference_s: float, pooled_bytes: int, expected: TimingPlan
+) -> None:
+    plan = plan_timing(reference_s, pooled_bytes, timing_pairs=20)
+    assert plan == expected
+    assert plan.pool_size * pooled_bytes <= POOL_BYTES_LIMIT or plan.pairs == 3
