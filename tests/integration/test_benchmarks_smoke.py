@@ -123,3 +123,72 @@ def test_rollouts_benchmark_smoke() -> None:
     assert record["hack_flagged"] == 0
     assert record["calls"] == 8
     assert 0 < record["grading_share_of_wall"] <= 1
+
+
+HUB_PROBLEM = """import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+class Model(torch.nn.Module):
+    def __init__(self, model_name, config):
+        super().__init__()
+        self.model = AutoModelForCausalLM.from_pretrained(model_name, config=config)
+
+    def forward(self, x):
+        return self.model(x).logits
+
+model_name = "agentinfra-test/not-a-model"
+config = AutoConfig.from_pretrained(model_name)
+
+def get_inputs():
+    return [torch.randint(0, 10, (1, 8))]
+
+def get_init_inputs():
+    return [model_name, config]
+"""
+
+
+@pytest.mark.slow
+def test_kernelbench_sweep_two_workers_resumes_and_lists_hub_problems(tmp_path: Path) -> None:
+    """A checkout shaped like KernelBench's: two problems graded two at a time, a level-4-like
+    problem listed as unsupported without being run, and a second run that grades nothing."""
+    checkout = tmp_path / "KernelBench"
+    (checkout / "level1").mkdir(parents=True)
+    (checkout / "level4").mkdir()
+    examples = ROOT / "examples" / "kernels" / "problems"
+    for index, name in enumerate(("13_relu_scale.py", "07_gelu_bias_scale.py"), start=1):
+        (checkout / "level1" / f"{index}_{name[3:]}").write_bytes((examples / name).read_bytes())
+    (checkout / "level4" / "1_hub_model.py").write_text(HUB_PROBLEM)
+    out = tmp_path / "sweep.json"
+    command = [sys.executable, "benchmarks/grader/kernelbench_sweep.py", str(tmp_path),
+               "--levels", "1,4", "--workers", "2", "--timeout-s", "120", "--out", str(out)]  # fmt: skip
+
+    def sweep(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, *extra], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+        )
+
+    first = sweep()
+    assert first.returncode == 0, first.stderr
+    assert (
+        sum(line.startswith("[") for line in first.stdout.splitlines()) == 3
+    )  # a progress line each
+    rows = {r["problem"]: r for r in json.loads(out.read_text())["rows"]}
+    assert [rows[f"level1/{n}"]["class"] for n in ("1_relu_scale.py", "2_gelu_bias_scale.py")] == [
+        "passed",
+        "passed",
+    ]
+    hub = rows["level4/1_hub_model.py"]
+    assert hub["class"] == "unsupported"
+    assert hub["seconds"] is None  # never run
+    assert "agentinfra-test/not-a-model" in hub["why"]
+    assert "not cached" in hub["why"]
+    assert "transformers" in hub["why"]
+    again = sweep()
+    assert again.returncode == 0, again.stderr
+    assert "resuming: 3 problems done earlier" in again.stdout
+    assert not any(line.startswith("[") for line in again.stdout.splitlines())
+    summary = json.loads(again.stdout.splitlines()[-1])
+    assert (summary["passed"], summary["unsupported"], summary["workers"]) == (2, 1, 2)
+    other = sweep("--timeout-s", "60")
+    assert other.returncode != 0
+    assert "--fresh" in other.stderr

@@ -7,6 +7,13 @@ blamed (module docstring of `_grader`). The result is cached per problem hash
 (`_process_state.TRUSTED`). `check_candidate` runs every secret seed, variant and
 shape through both sides and compares the outputs here (`_compare`). Findings go to
 ``record`` as they arise.
+
+Slow problems cost less, as in the timing plan (`seeds_for`): once one correctness case
+costs the reference over ``_timing.SLOW_CALL_S``, the seeds per variant shrink to what
+fits in ``SLOW_CORRECTNESS_S`` of reference work, never below one. Every variant and
+every shape variant is still checked on every problem; a slow problem gives up only
+repeats of a variant on further seeds (and the timing's audits still compare a secret
+share of the timed calls, each on fresh base inputs, with the reference).
 """
 
 from __future__ import annotations
@@ -20,11 +27,21 @@ from agentinfra.environments.kernels._compare import compare
 from agentinfra.environments.kernels._judgements import Refusal
 from agentinfra.environments.kernels._problem import ProblemMeta
 from agentinfra.environments.kernels._process_state import TRUSTED
+from agentinfra.environments.kernels._timing import SLOW_CALL_S
 from agentinfra.environments.kernels._verdict import Finding
 from agentinfra.environments.kernels._wire import digest
 from agentinfra.environments.kernels._worker_calls import WorkerCalls, blame_problem
 
-__all__ = ["SelfCheck", "check_candidate", "reference_self_check"]
+__all__ = [
+    "SLOW_CORRECTNESS_S",
+    "SelfCheck",
+    "check_candidate",
+    "reference_self_check",
+    "seeds_for",
+]
+
+SLOW_CORRECTNESS_S = 10.0
+"""Reference work a slow problem's correctness checks aim at, in seconds (`seeds_for`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +111,25 @@ def reference_self_check(calls: WorkerCalls, meta: ProblemMeta, rng: random.Rand
     return SelfCheck(eval_mode=True, call_s=call_s)
 
 
+def seeds_for(seeds: int, case_s: float | None, meta: ProblemMeta) -> int:
+    """Secret seeds per variant: ``seeds``, or on a slow problem as many as fit, at least one.
+
+    ``case_s`` is one correctness case's reference work (the self-check's measure: input
+    generation, one call and the transfer). Over ``SLOW_CALL_S`` (the timing plan's line)
+    the cases of all seeds, one per variant and seed plus one per shape variant, aim at
+    ``SLOW_CORRECTNESS_S`` of it; every variant and shape is checked at least once.
+    """
+    if case_s is None or case_s <= SLOW_CALL_S:
+        return seeds
+    fit = int((SLOW_CORRECTNESS_S / case_s - len(meta.shape_variants)) // len(meta.variants))
+    return max(1, min(seeds, fit))
+
+
 def check_candidate(calls: WorkerCalls, meta: ProblemMeta, rng: random.Random, seeds: int,
-                    record: Callable[[Finding], None]) -> bool:  # fmt: skip
-    """Whether the candidate matched the reference on every secret case that counts."""
+                    record: Callable[[Finding], None], *, case_s: float | None = None) -> bool:  # fmt: skip
+    """Whether the candidate matched the reference on every secret case that counts
+    (``seeds`` per variant, fewer on a slow problem: `seeds_for` with ``case_s``)."""
+    seeds = seeds_for(seeds, case_s, meta)
     cases: list[tuple[int, str, dict[str, int]]] = [
         (rng.randrange(1 << 31), variant, {}) for _ in range(seeds) for variant in meta.variants
     ]

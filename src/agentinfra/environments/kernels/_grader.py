@@ -65,7 +65,7 @@ Covered:
   confidence interval. Patching timers inside the candidate changes nothing.
   Measurement hygiene, the same for both sides: this process's garbage collector
   is off while it times; each worker puts glibc's allocator in one fixed state
-  before it runs anything (`_worker.fix_allocator`: no moving mmap threshold, no
+  before it runs anything (`_worker.fix_allocator`: every block from the heap, no
   heap trim). The candidate may change its own allocator; that moves only its own
   time, which is what it is judged on.
 - Runtime checks that block on a measurement, and their margins:
@@ -147,7 +147,8 @@ problems load unchanged, and some are random or too large for the machine):
   pairs, or 3 where the 768 MiB input pool holds no more; one warm-up), and
   from the sixth pair on, after an even number of pairs, it stops once the speedup's
   95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
-  how many calls were timed per side.
+  how many calls were timed per side. Its correctness checks take fewer seeds
+  (`_correctness.seeds_for`), never fewer variants or shapes.
 
 Not covered:
 - What the allowlist itself holds is readable: the interpreter and those
@@ -465,6 +466,7 @@ class _Grading:
         self.plan = self.memory.size(self.calls.reference)
         key = (self.meta.sha256, self.options.device, self.threads)
         call_s = TRUSTED.call_s.setdefault(key, self.reference_call_s or 0.0)
+        self.reference_call_s = call_s or None  # also when the self-check was cached
         calls = (
             self.options.correctness_seeds * len(self.meta.variants)
             + len(self.meta.shape_variants)
@@ -512,8 +514,9 @@ class _Grading:
     def check_correctness(self) -> None:
         """The candidate on secret seeds, variants and shapes, against the reference's outputs."""
         self.correct = check_candidate(
-            self.calls, self.meta, self.rng, self.options.correctness_seeds, self._add
-        )
+            self.calls, self.meta, self.rng, self.options.correctness_seeds, self._add,
+            case_s=self.reference_call_s,
+        )  # fmt: skip
 
     def measure(self) -> None:
         """The timing step (`TimingRun`), then the judgements on what it measured."""

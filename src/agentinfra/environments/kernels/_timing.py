@@ -8,7 +8,7 @@ judgements run afterwards on the measurements (`_judgements`).
 
 The plan: batches of up to 16 calls aimed at ``TARGET_BATCH_S`` of reference work
 each, two warm-up pairs, ``timing_pairs`` timed pairs, every call with fresh inputs
-from a pool of at most ``POOL_BYTES_LIMIT``; a slow problem (one reference call over
+from a pool of at most ``POOL_BYTES_LIMIT`` of inputs (outputs are not pooled); a slow problem (one reference call over
 ``SLOW_CALL_S``) gets single-call batches, one warm-up, about ``SLOW_TIMED_S`` of timed
 reference work (at least ``MIN_PAIRS`` pairs) and stops early once the speedup's
 interval is tight (`interval_tight`).
@@ -21,6 +21,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from agentinfra.environments.kernels._compare import compare
 from agentinfra.environments.kernels._judgements import (
@@ -37,7 +38,7 @@ from agentinfra.environments.kernels._wire import Frame, digest
 from agentinfra.environments.kernels._worker_calls import WorkerCalls
 from agentinfra.environments.kernels._workers import CpuSample
 
-__all__ = ["Measurements", "TimingRun"]
+__all__ = ["Measurements", "TimingPlan", "TimingRun", "plan_timing"]
 
 POOL_BYTES_LIMIT = 768 << 20
 TARGET_BATCH_S = 0.05
@@ -75,6 +76,37 @@ class Measurements:
         return len(self.cand_times) * self.per_batch
 
 
+class TimingPlan(NamedTuple):
+    """How one grading times: calls per batch, timed and warm-up pairs, and the pool's entries."""
+
+    per_batch: int
+    pairs: int
+    warmup: int
+    slow: bool
+    """One reference call over ``SLOW_CALL_S``: single-call batches, early stop."""
+    pool_size: int
+
+
+def plan_timing(reference_s: float, pooled_bytes: int, timing_pairs: int) -> TimingPlan:
+    """The plan for a reference call of ``reference_s`` with ``pooled_bytes`` of inputs a call
+    (module docstring): the pool holds inputs only, at most ``POOL_BYTES_LIMIT`` of them."""
+    per_batch = max(1, min(16, int(TARGET_BATCH_S / max(reference_s, 1e-6))))
+    pairs = timing_pairs
+    warmup = WARMUP_PAIRS
+    slow = reference_s > SLOW_CALL_S
+    if slow:  # fewer, single-call batches within a time budget; early stop in the loop
+        warmup = 1
+        pairs = max(MIN_PAIRS, min(pairs, int(SLOW_TIMED_S / reference_s)))
+    pool_size = (pairs + warmup) * per_batch
+    if pool_size * pooled_bytes > POOL_BYTES_LIMIT:
+        per_batch = max(1, POOL_BYTES_LIMIT // pooled_bytes // (pairs + warmup))
+        pool_size = (pairs + warmup) * per_batch
+    if pool_size * pooled_bytes > POOL_BYTES_LIMIT:
+        pairs = max(3, POOL_BYTES_LIMIT // pooled_bytes - warmup)
+        pool_size = pairs + warmup
+    return TimingPlan(per_batch, pairs, warmup, slow, pool_size)
+
+
 class TimingRun:
     """One grading's timing step over its workers and its pool (module docstring)."""
 
@@ -104,26 +136,13 @@ class TimingRun:
             {"op": "gen", "seed": self.rng.randrange(1 << 31), "variant": "base", "shape": {}}
         )
         entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
-        reference_s = self._time_single(probe)
-        per_batch = max(1, min(16, int(TARGET_BATCH_S / max(reference_s, 1e-6))))
-        pairs = self.timing_pairs
-        warmup = WARMUP_PAIRS
-        slow = reference_s > SLOW_CALL_S
-        if slow:  # fewer, single-call batches within a time budget; early stop below
-            warmup = 1
-            pairs = max(MIN_PAIRS, min(pairs, int(SLOW_TIMED_S / reference_s)))
-        pool_size = (pairs + warmup) * per_batch
-        if pool_size * entry_bytes > POOL_BYTES_LIMIT:
-            per_batch = max(1, POOL_BYTES_LIMIT // entry_bytes // (pairs + warmup))
-            pool_size = (pairs + warmup) * per_batch
-        if pool_size * entry_bytes > POOL_BYTES_LIMIT:
-            pairs = max(3, POOL_BYTES_LIMIT // entry_bytes - warmup)
-            pool_size = pairs + warmup
-        staged = self._share_pool(pool_size, per_batch)
-        order = list(range(pool_size))
+        pooled_bytes = sum(len(t.data) for t in probe.tensors[:-1]) or 1  # inputs: the pool's entry
+        plan = plan_timing(self._time_single(probe), pooled_bytes, self.timing_pairs)
+        staged = self._share_pool(plan.pool_size, plan.per_batch)
+        order = list(range(plan.pool_size))
         if not staged:  # staged batches are runs of the pool, which is in random order already
             self.rng.shuffle(order)
-        measured = Measurements(per_batch=per_batch, entry_bytes=entry_bytes)
+        measured = Measurements(per_batch=plan.per_batch, entry_bytes=entry_bytes)
         with gc_paused():
             overhead_ref = self._empty_overhead(reference=True)
             # The candidate controls how long its own empty batch takes: it may only lower
@@ -135,22 +154,19 @@ class TimingRun:
                 [],
                 [],
             )
-            self._timing_loop(
-                order, per_batch, pairs, warmup, slow, overhead_ref, overhead_cand, measured
-            )
-        measured.timed_windows = self._cpu_windows[warmup:]
-        measured.idle_windows = self._idle_windows[warmup:]
+            self._timing_loop(order, plan, overhead_ref, overhead_cand, measured)
+        measured.timed_windows = self._cpu_windows[plan.warmup :]
+        measured.idle_windows = self._idle_windows[plan.warmup :]
         measured.staging = self._staging_cpu
         measured.audit_failed = self._audit_failed
         return measured
 
-    def _timing_loop(
-        self, order: list[int], per_batch: int, pairs: int, warmup: int, slow: bool,
-        overhead_ref: float, overhead_cand: float, measured: Measurements,
-    ) -> None:  # fmt: skip
+    def _timing_loop(self, order: list[int], plan: TimingPlan, overhead_ref: float,
+                     overhead_cand: float, measured: Measurements) -> None:  # fmt: skip
         """The timed pairs, appending per-call seconds to ``measured``'s times."""
         ref_times, cand_times = measured.ref_times, measured.cand_times
-        for index in range(pairs + warmup):
+        per_batch, warmup = plan.per_batch, plan.warmup
+        for index in range(plan.pairs + warmup):
             chunk = order[index * per_batch : (index + 1) * per_batch]
             # ABBA: who goes first alternates, so neither side gains from its place in the pair
             if index % 2 == 0:
@@ -164,7 +180,7 @@ class TimingRun:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
             if (
-                slow
+                plan.slow
                 and len(ref_times) >= MIN_PAIRS
                 and len(ref_times) % 2 == 0
                 and interval_tight(ref_times, cand_times, self.rng)

@@ -62,8 +62,8 @@ _VARIANT_SHIFT = 3.0
 _L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100/H200: 50-60 MB)
 _TENSOR_ALIGN = 64  # each tensor in the pool file starts on a cache line
 _MADV_POPULATE_READ = 22  # linux/mman.h; Python's mmap has no name for it before 3.13
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
-_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest allowed on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # mallopt takes an int: the largest it can say
 
 
 def _torch() -> Any:
@@ -545,12 +545,17 @@ def fix_allocator() -> bool:
     """Puts glibc's allocator in one steady state for both sides; False where it cannot (no glibc).
 
     By default glibc serves a large block from fresh ``mmap`` pages or from the heap depending
-    on what was freed before (its threshold moves with the process's history), and gives the
-    heap's top back to the kernel once more than a moving limit is free. A timed call that
-    allocates megabytes (attention's score matrix, an output) then page-faults and zeroes them
-    in some gradings and not in others: 06_attention's speedup moved 10-16% between gradings.
-    Fixed here: blocks up to 32 MiB come from the heap and freed memory stays there, so a
-    steady-state call reuses warm memory, as PyTorch's caching allocator does on a GPU. A
+    on what was freed before, so the same call page-faults and zeroes megabytes in one process
+    and reuses warm memory in another. Two histories meet here: the reference generates
+    inputs and the pool before it is timed, which grows its heap; the candidate does not. A
+    block over glibc's largest mmap threshold (32 MiB) then came from the reference's grown
+    heap but from fresh pages in the candidate on every call: KernelBench's
+    ``level1/72_conv_transposed_3D...`` made 55,000 page faults a call (216 MiB of temporaries)
+    in the candidate and none in the reference, and its identity read 0.34x. Smaller blocks
+    had moved too (06_attention's speedup 10-16% between gradings).
+    Fixed here: every block comes from the heap (no ``mmap`` chunks) and freed memory stays
+    there (trim threshold 2 GiB), so from its second call on a call reuses warm memory
+    whatever ran before, on both sides, as PyTorch's caching allocator does on a GPU. A
     submission may change this in its own process; that only moves its own timing.
     """
     try:
@@ -558,9 +563,7 @@ def fix_allocator() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-    )
+    return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
 def _write_all(writer: Any, data: bytes) -> None:
