@@ -16,12 +16,21 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from agentinfra.environments.kernels import GradeOptions, grade
 
 ROOT = Path(__file__).resolve().parents[2]
 CHEATS = ROOT / "tests" / "fixtures" / "kernels" / "cheats"
 PROBLEMS = ROOT / "examples" / "kernels" / "problems"
+
+
+def as_expected(got: dict[str, Any], expected: dict[str, Any]) -> bool:
+    """The declared outcome, every declared blocking check, and no block beyond those and the
+    cheat's ``may_also_block``."""
+    allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
+    blocking = set(got["blocking"])
+    return got["outcome"] == expected["outcome"] and set(expected["blocking"]) <= blocking <= allowed
 
 
 def main() -> None:
@@ -51,7 +60,7 @@ def main() -> None:
         print(json.dumps({
             "cheat": cheat.stem, "outcome": got["outcome"], "speedup": verdict.speedup,
             "blocking": got["blocking"], "wall_s": round(time.perf_counter() - start, 1),
-            "as_expected": got == expected[cheat.stem] if cheat.stem in expected else None,
+            "as_expected": as_expected(got, expected[cheat.stem]) if cheat.stem in expected else None,
         }), flush=True)  # fmt: skip
 
 

@@ -98,6 +98,7 @@ def test_every_cheat_declares_its_outcome_and_blocking_checks() -> None:
         assert Outcome(expected["outcome"])
         assert expected["blocking"] == sorted(set(expected["blocking"]))
         assert bool(expected["blocking"]) == (expected["outcome"] == "hack_flagged")
+        assert not set(expected.get("may_also_block", [])) & set(expected["blocking"])
 
 
 @pytest.mark.slow
@@ -106,7 +107,8 @@ def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> N
     """Through the environment seam, as the harness grades: the task and the cheat travel as bytes.
 
     Each cheat must get the outcome and the blocking checks it is declared to get: one that
-    fails for an unrelated reason fails this test.
+    fails for an unrelated reason fails this test. A check in its ``may_also_block`` may block
+    as well (it measures the same thing the declared check does); no other may.
     """
     problem = re.search(r"# problem: (\S+)", cheat.read_text())
     assert problem is not None
@@ -125,7 +127,10 @@ def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> N
         "outcome": evaluation.outcome.value,
         "blocking": sorted({f.check for f in evaluation.findings if f.severity == "block"}),
     }
-    assert got == EXPECTED_CHEATS[cheat.stem], evaluation.model_dump_json(indent=1)
+    expected = EXPECTED_CHEATS[cheat.stem]
+    allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
+    assert got["outcome"] == expected["outcome"], evaluation.model_dump_json(indent=1)
+    assert set(expected["blocking"]) <= set(got["blocking"]) <= allowed, evaluation.model_dump_json(indent=1)
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
 
 
