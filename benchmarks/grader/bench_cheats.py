@@ -30,7 +30,9 @@ def as_expected(got: dict[str, Any], expected: dict[str, Any]) -> bool:
     cheat's ``may_also_block``."""
     allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
     blocking = set(got["blocking"])
-    return got["outcome"] == expected["outcome"] and set(expected["blocking"]) <= blocking <= allowed
+    return (
+        got["outcome"] == expected["outcome"] and set(expected["blocking"]) <= blocking <= allowed
+    )
 
 
 def main() -> None:

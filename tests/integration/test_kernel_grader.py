@@ -130,7 +130,9 @@ def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> N
     expected = EXPECTED_CHEATS[cheat.stem]
     allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
     assert got["outcome"] == expected["outcome"], evaluation.model_dump_json(indent=1)
-    assert set(expected["blocking"]) <= set(got["blocking"]) <= allowed, evaluation.model_dump_json(indent=1)
+    assert set(expected["blocking"]) <= set(got["blocking"]) <= allowed, evaluation.model_dump_json(
+        indent=1
+    )
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
 
 
