@@ -6,6 +6,7 @@ No grading is built and no problem file written: the judgements are pure functio
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -31,7 +32,7 @@ from agentinfra.environments.kernels._judgements import (
     speedup_result,
 )
 from agentinfra.environments.kernels._problem import ProblemMeta
-from agentinfra.environments.kernels._timing_pool import CANDIDATE, TimingPool
+from agentinfra.environments.kernels._timing_pool import CANDIDATE, REFERENCE, TimingPool
 from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
 
 EMPTY = [CpuWindow(0.0002, 0.0001, True)] * 7
@@ -395,6 +396,7 @@ def test_a_batch_file_is_a_sealed_copy_of_its_range(
         assert seals & fcntl.F_SEAL_SEAL
         with pytest.raises(PermissionError):
             os.pwrite(batch, b"x", 0)
+        os.close(batch)
     finally:
         os.close(pool)
         files.close()
@@ -445,6 +447,46 @@ def test_each_side_is_sent_its_own_sealed_copy_of_a_staged_batch(
     with pytest.raises(PermissionError):
         os.pwrite(staged[0], b"x", 0)
     os.close(staged[0])
+
+
+def batch_files() -> set[int]:
+    """This process's descriptors of batch copies (`TimingPool.batch_file`'s memfds)."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            if os.readlink(f"/proc/self/fd/{name}").startswith("/memfd:agentinfra-batch"):
+                found.add(int(name))
+    return found
+
+
+def test_a_batchs_copies_are_made_as_each_side_stages_it_and_not_kept(
+    pool: tuple[TimingPool, list[socket.socket]],
+) -> None:
+    """Each side gets its own file, made when it stages; once sent, only the worker holds it, so a
+    grading never holds copies of the whole pool (`_sizing.supervisor_bytes` counts two batches)."""
+    files, theirs = pool
+    assert files.pool is not None
+    data = os.urandom(5000)
+    os.write(files.pool, data)
+    files.seal_pool(len(data))
+    theirs[REFERENCE].settimeout(5)
+    _, (pool_file,), _, _ = socket.recv_fds(theirs[REFERENCE], 16, 4)  # `create` sent it the pool
+    os.close(pool_file)
+    files.split([0, 3000], len(data), per_batch=4, size=6)
+    assert batch_files() == set()  # splitting copies nothing
+    received = []
+    for side in (REFERENCE, CANDIDATE):
+        files.stage(0, side)
+        theirs[side].settimeout(5)
+        _, fds, _, _ = socket.recv_fds(theirs[side], 16, 4)
+        received += fds
+    assert len(received) == 2
+    assert os.fstat(received[0]).st_ino != os.fstat(received[1]).st_ino  # a file per side
+    # this process kept no copy: the received descriptors are the only batch files, and they read the batch
+    assert batch_files() == set(received)
+    for fd in received:
+        assert os.pread(fd, 5000, 0) == data[:3000]
+        os.close(fd)
 
 
 @pytest.mark.parametrize("madvise", [True, False], ids=["MADV_POPULATE_READ", "one-byte-per-page"])

@@ -18,8 +18,8 @@ come out (`MemoryPlan`), in two units on purpose:
   reference's high-water mark plus a batch, the candidate's limit less the part of
   the runtime's address space that is mapped but not resident (the reference's
   ``VmPeak - VmHWM``: the same interpreter and libraries) and the threads' allowance, and the supervisor's
-  copies (the inputs and outputs it holds, the timing pool file and each batch's
-  two sealed copies).
+  copies (the inputs and outputs it holds, the timing pool file, and the sealed
+  copy of a batch made for each side as it stages it).
 
 Before the reference has run (`admission_bytes`) only the sizes are known: the
 reservation then counts each worker as the runtime plus three times the parameters
@@ -131,7 +131,9 @@ def batch_bytes(sizes: ProblemSizes) -> int:
 
 def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: bool) -> int:
     """The supervisor's copies: a call's inputs and outputs three times (the reference's frame, the
-    expected output, the candidate's reply), and the pool file with each batch's two sealed copies."""
+    expected output, the candidate's reply), the pool file, and a batch's sealed copy for each side
+    (`_timing_pool`: made as that side stages it; the copy a worker still maps from its previous
+    batch is in that worker's own batch allowance)."""
     inputs, entry = sizes.inputs_bytes or 0, sizes.entry_bytes
     pool = 0
     if measure_speed and entry:
@@ -140,7 +142,8 @@ def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: b
             POOL_BYTES_LIMIT * inputs // entry, (timing_pairs + 2) * MAX_BATCH_CALLS * inputs
         )
         pool = max(within, 4 * inputs)
-    return 3 * sizes.entry_bytes + 3 * pool
+    batch = min(pool, max(inputs, min(MAX_BATCH_CALLS * inputs, POOL_BYTES_LIMIT // 4)))
+    return 3 * sizes.entry_bytes + pool + 2 * batch
 
 
 def admission_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: bool) -> int:

@@ -201,8 +201,8 @@ class TimingRun:
     def _share_pool(self, size: int, per_batch: int) -> bool:
         """``size`` timing inputs from fresh secret seeds: the reference writes them into the pool
         file and this process seals it. On a CPU the inputs are staged (True): each run of
-        ``per_batch`` entries gets two sealed copies, one per side, and each side maps a
-        batch's inputs (`_stage`) only just before that batch is timed, so the candidate never
+        ``per_batch`` entries is copied, sealed, for one side at a time as it stages it
+        (`_stage`), just before that batch is timed, so the candidate never
         holds inputs it could work on ahead of time. Elsewhere each worker reads a private
         copy of the whole pool."""
         staged = self.device == "cpu"

@@ -1,10 +1,15 @@
 """The timing pool's files: memfds made here, sealed here, and the sockets that carry them.
 
 One `TimingPool` per grading owns every descriptor the timing inputs travel in:
-the pool file (a memfd the reference fills from secret seeds), on a CPU each
-batch's two sealed copies (one per side, made alike, so both stage alike), on
-CUDA the read-only descriptor the candidate maps, and this process's ends of the
-two Unix sockets that carry descriptors to the reference (0) and the candidate (1).
+the pool file (a memfd the reference fills from secret seeds), on CUDA the
+read-only descriptor the candidate maps, and this process's ends of the two Unix
+sockets that carry descriptors to the reference (0) and the candidate (1). On a
+CPU each side gets a sealed copy of a batch's bytes made just before that side
+stages it (the same way for both, so both stage alike) and closed here once sent:
+the worker's mapping keeps it until its next batch. So the copies alive at once
+are the batch each side maps and the one being made, not two of the whole pool
+(24.2 GiB reserved for `level1/3_Batched_matrix_multiplication` was 15 GiB of
+copies made up front).
 Invariant: a file reaches the candidate only after it is sealed (no write, resize
 or further seal, by anyone); a memfd can be reopened writable through
 ``/proc/self/fd``, so the seal, not the read-only descriptor, is what holds.
@@ -32,15 +37,12 @@ CANDIDATE: Side = 1
 
 @dataclass(slots=True)
 class Staging:
-    """Staged timing inputs (CPU): each batch's byte range in the pool file and each side's
-    sealed copy of it."""
+    """Staged timing inputs (CPU): each batch's byte range in the pool file."""
 
     per_batch: int
     size: int
     ranges: list[tuple[int, int]] = field(default_factory=list)
     """Per batch: (start, length) in the pool file."""
-    files: list[tuple[int, int]] = field(default_factory=list)
-    """Per batch: the reference's and the candidate's sealed copy of its bytes."""
 
 
 class TimingPool:
@@ -48,7 +50,7 @@ class TimingPool:
 
     def __init__(self) -> None:
         self._fds: list[int] = []
-        """The pool file (and on a CPU each batch's two copies), closed by `close`."""
+        """The pool file (and on CUDA the candidate's read-only descriptor), closed by `close`."""
         self._sockets: list[socket.socket] = []
         """Our ends of the Unix sockets that carry the pool file to the reference and the candidate."""
         self.pool: int | None = None
@@ -73,20 +75,22 @@ class TimingPool:
         self.seal(self.pool, size)
 
     def split(self, starts: list[int], total: int, per_batch: int, size: int) -> None:
-        """Two sealed copies of each batch's bytes, batch ``i`` from ``starts[i]`` to the next start."""
+        """The batches' byte ranges, batch ``i`` from ``starts[i]`` to the next start (within the pool)."""
         assert self.pool is not None
         if len(starts) != -(-size // per_batch):
             raise StopGradingError(
                 Outcome.GRADER_ERROR, f"reference pool has {len(starts)} batch starts"
             )
         ends = [*starts[1:], total]
+        if any(not 0 <= start <= end <= total for start, end in zip(starts, ends, strict=True)):
+            raise StopGradingError(
+                Outcome.GRADER_ERROR,
+                f"reference pool's batch starts {starts} leave its {total} bytes",
+            )
         self.staging = Staging(per_batch=per_batch, size=size)
-        for start, end in zip(starts, ends, strict=True):
-            self.staging.ranges.append((start, end - start))
-            # one copy per side, made the same way, so that both stage alike
-            self.staging.files.append(
-                (self.batch_file(self.pool, start, end - start), self.batch_file(self.pool, start, end - start))
-            )  # fmt: skip
+        self.staging.ranges = [
+            (start, end - start) for start, end in zip(starts, ends, strict=True)
+        ]
 
     def send_readonly_to_candidate(self) -> None:
         """A read-only descriptor of the (sealed) pool file, sent to the candidate (CUDA)."""
@@ -100,7 +104,13 @@ class TimingPool:
         assert staging is not None
         start, length = staging.ranges[index]
         first = index * staging.per_batch
-        self.send_fd(side, staging.files[index][side])
+        # made now, for this side alone, the same way for both sides; once sent the
+        # in-flight message and then the worker's mapping hold it, not this process
+        copy = self.batch_file(self.pool, start, length)
+        try:
+            self.send_fd(side, copy)
+        finally:
+            os.close(copy)
         return {"op": "stage", "first": first, "count": min(staging.per_batch, staging.size - first),
                 "length": length, "base": start}  # fmt: skip
 
@@ -116,9 +126,18 @@ class TimingPool:
             )
 
     def batch_file(self, pool: int, start: int, length: int) -> int:
-        """A sealed copy of ``length`` bytes of the pool file at ``start``: one batch's inputs."""
+        """A sealed copy of ``length`` bytes of the pool file at ``start``: one batch's inputs.
+        The caller closes it."""
         fd = os.memfd_create("agentinfra-batch", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        self._fds.append(fd)
+        try:
+            self._copy(pool, fd, start, length)
+            self.seal(fd, length)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _copy(self, pool: int, fd: int, start: int, length: int) -> None:
         offset = 0
         while offset < length:
             try:
@@ -131,8 +150,6 @@ class TimingPool:
                     Outcome.GRADER_ERROR, "pool file ended while copying a batch"
                 )
             offset += copied
-        self.seal(fd, length)
-        return fd
 
     def send_fd(self, side: Side, fd: int) -> None:
         """``fd`` to the reference (0) or the candidate (1); a worker gone is noticed by its next frame."""
