@@ -121,15 +121,21 @@ class LedgerView:
         return sum(1 for e in self.entries if e.state == "waiting")
 
     @property
+    def _free_without_gradings(self) -> int:
+        """MemAvailable with every held reservation given back, as if each were in use (a grading
+        that has not grown to its reservation yet is still in MemAvailable: never past MemTotal)."""
+        return min(self.machine.available_bytes + self.held_bytes, self.machine.total_bytes)
+
+    @property
     def capacity_bytes(self) -> int:
         """What held reservations may sum to now: the idle sample, or less when other load grew."""
-        now = self.machine.available_bytes + self.held_bytes
+        now = self._free_without_gradings
         return min(self.idle_available_bytes, now) - self.machine.headroom_bytes
 
     @property
     def most_bytes(self) -> int:
         """The most one reservation could ever get here: every grading ended, other load as now."""
-        now = self.machine.available_bytes + self.held_bytes
+        now = self._free_without_gradings
         return max(self.idle_available_bytes, now) - self.machine.headroom_bytes
 
     def describe(self) -> str:

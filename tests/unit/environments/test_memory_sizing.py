@@ -36,11 +36,11 @@ def test_the_limit_is_the_references_peak_plus_a_quarter_of_its_data_and_a_batch
     )  # one call's inputs and output: the pool allows one a batch
     assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB + THREADS
     # resident: the reference's high-water mark and a batch; the candidate's limit less what the
-    # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies, the pool of 4 entries
+    # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies, the pool at its 768 MiB bound (inputs only)
     # and one sealed copy of a batch per side (bounded by a quarter of the pool's bound, 192 MiB)
     assert plan.reference_resident_bytes == 3584 * MIB + 192 * MIB
     assert plan.candidate_resident_bytes == plan.limit_bytes - THREADS - (4024 - 3584) * MIB
-    assert plan.supervisor_bytes == 3 * 192 * MIB + 4 * 64 * MIB + 2 * 192 * MIB
+    assert plan.supervisor_bytes == 3 * 192 * MIB + 768 * MIB + 2 * 192 * MIB
     assert plan.reserve_bytes == (
         plan.reference_resident_bytes + plan.candidate_resident_bytes + plan.supervisor_bytes
     )
@@ -72,7 +72,7 @@ def test_the_limit_never_starts_below_what_the_sizes_say_a_worker_holds(peak: in
 def test_admission_reserves_the_least_the_sizes_say_before_the_reference_runs() -> None:
     reserve = admission_bytes(CONV3D, timing_pairs=20, measure_speed=True)
     worker = 256 * MIB + 2 * CONV3D.params_bytes + 192 * MIB  # type: ignore[operator]
-    assert reserve == 2 * worker + CONV3D.params_bytes + 3 * 192 * MIB + 256 * MIB + 2 * 192 * MIB  # type: ignore[operator]
+    assert reserve == 2 * worker + CONV3D.params_bytes + 3 * 192 * MIB + 768 * MIB + 2 * 192 * MIB  # type: ignore[operator]
     plan = memory_plan(CONV3D, baseline_bytes=640 * MIB, peak_bytes=4024 * MIB, resident_bytes=3584 * MIB,
                        timing_pairs=20, measure_speed=True)  # fmt: skip
     assert reserve < plan.reserve_bytes  # grown once measured

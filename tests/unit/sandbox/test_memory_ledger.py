@@ -148,3 +148,14 @@ def test_other_load_on_the_machine_lowers_what_gradings_may_hold(tmp_path: Path)
     with pytest.raises(MemoryWaitTimeoutError):
         book.reserve(3 * GIB, label="b", max_wait_s=0.3)
     held.release()
+
+
+def test_a_reservation_not_yet_in_use_does_not_make_the_machine_look_larger(tmp_path: Path) -> None:
+    """A held grading that has not grown yet is still in MemAvailable: counting it back in as well
+    once said 29.9 GiB on a 23.5 GiB machine. What one grading could get stays within MemTotal."""
+    book = ledger(tmp_path, available=18 * GIB, total=20 * GIB)  # headroom 1 GiB
+    held = book.reserve(10 * GIB, label="not grown yet", max_wait_s=0)  # MemAvailable still 18 GiB
+    view = book.view()
+    assert view.most_bytes == 20 * GIB - GIB  # not 18 + 10 - 1
+    assert view.capacity_bytes == 18 * GIB - GIB
+    held.release()

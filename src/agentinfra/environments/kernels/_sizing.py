@@ -137,11 +137,10 @@ def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: b
     inputs, entry = sizes.inputs_bytes or 0, sizes.entry_bytes
     pool = 0
     if measure_speed and entry:
-        # the plan keeps the pool's entries (inputs and outputs) within the bound, or 4 entries
-        within = min(
-            POOL_BYTES_LIMIT * inputs // entry, (timing_pairs + 2) * MAX_BATCH_CALLS * inputs
-        )
-        pool = max(within, 4 * inputs)
+        # the plan (`_timing.plan_timing`) keeps the pool's inputs within the bound, or holds
+        # at least 3 timed pairs and 2 warm-up batches of one call each
+        within = min(POOL_BYTES_LIMIT, (timing_pairs + 2) * MAX_BATCH_CALLS * inputs)
+        pool = max(within, 5 * inputs)
     batch = min(pool, max(inputs, min(MAX_BATCH_CALLS * inputs, POOL_BYTES_LIMIT // 4)))
     return 3 * sizes.entry_bytes + pool + 2 * batch
 
