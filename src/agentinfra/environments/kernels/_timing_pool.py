@@ -102,6 +102,7 @@ class TimingPool:
         """Sends ``side`` its copy of batch ``index`` and returns the ``stage`` request to go with it."""
         staging = self.staging
         assert staging is not None
+        assert self.pool is not None
         start, length = staging.ranges[index]
         first = index * staging.per_batch
         # made now, for this side alone, the same way for both sides; once sent the
