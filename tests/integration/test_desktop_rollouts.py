@@ -86,7 +86,11 @@ def test_a_model_that_never_ends_the_episode_gets_one_verdict(tmp_path: Path) ->
     assert mkdir.solution() is not None
     moves = solution_moves(mkdir.solution())
     assert moves[-1].tool == "done"
-    policy = DesktopPolicy({mkdir.instruction: moves[:-1]})  # os-write-file: no plan, prose only
+    assert moves[1].args == {"action_type": "WAIT"}
+    # a WAIT first: the setup's xterm may not have its window yet at the first observation (CI once
+    # typed the mkdir into no window: the same accessibility hash before and after, no directory)
+    plan = [moves[1], *moves[:-1]]
+    policy = DesktopPolicy({mkdir.instruction: plan})  # os-write-file: no plan, prose only
     with ScriptedModelServer(policy, models=[MODEL]) as server:
         trajectories = rollouts_run(
             server.base_url, MODEL, tmp_path / "out.jsonl", ["os-mkdir", "os-write-file"],
