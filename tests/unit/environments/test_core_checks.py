@@ -449,6 +449,18 @@ def test_each_side_is_sent_its_own_sealed_copy_of_a_staged_batch(
     os.close(staged[0])
 
 
+def test_batch_starts_outside_the_pool_stop_grading(
+    pool: tuple[TimingPool, list[socket.socket]],
+) -> None:
+    files, _ = pool
+    assert files.pool is not None
+    os.write(files.pool, b"x" * 100)
+    files.seal_pool(100)
+    with pytest.raises(StopGradingError) as stopped:
+        files.split([0, 120], 100, per_batch=1, size=2)
+    assert stopped.value.error == "reference pool's batch starts [0, 120] leave its 100 bytes"
+
+
 def batch_files() -> set[int]:
     """This process's descriptors of batch copies (`TimingPool.batch_file`'s memfds)."""
     found = set()

@@ -15,6 +15,7 @@ from agentinfra.environments.kernels._sizing import (
     admission_bytes,
     memory_plan,
 )
+from agentinfra.environments.kernels._timing import largest_plan, plan_timing
 from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
 from agentinfra.sandbox import MemoryLedger
 
@@ -36,11 +37,11 @@ def test_the_limit_is_the_references_peak_plus_a_quarter_of_its_data_and_a_batch
     )  # one call's inputs and output: the pool allows one a batch
     assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB + THREADS
     # resident: the reference's high-water mark and a batch; the candidate's limit less what the
-    # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies, the pool at its 768 MiB bound (inputs only)
-    # and one sealed copy of a batch per side (bounded by a quarter of the pool's bound, 192 MiB)
+    # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies, the largest pool the
+    # timing plan makes (its 768 MiB bound of inputs) and a batch's copy per side (one call's 64 MiB)
     assert plan.reference_resident_bytes == 3584 * MIB + 192 * MIB
     assert plan.candidate_resident_bytes == plan.limit_bytes - THREADS - (4024 - 3584) * MIB
-    assert plan.supervisor_bytes == 3 * 192 * MIB + 768 * MIB + 2 * 192 * MIB
+    assert plan.supervisor_bytes == 3 * 192 * MIB + 768 * MIB + 2 * 64 * MIB
     assert plan.reserve_bytes == (
         plan.reference_resident_bytes + plan.candidate_resident_bytes + plan.supervisor_bytes
     )
@@ -72,7 +73,7 @@ def test_the_limit_never_starts_below_what_the_sizes_say_a_worker_holds(peak: in
 def test_admission_reserves_the_least_the_sizes_say_before_the_reference_runs() -> None:
     reserve = admission_bytes(CONV3D, timing_pairs=20, measure_speed=True)
     worker = 256 * MIB + 2 * CONV3D.params_bytes + 192 * MIB  # type: ignore[operator]
-    assert reserve == 2 * worker + CONV3D.params_bytes + 3 * 192 * MIB + 768 * MIB + 2 * 192 * MIB  # type: ignore[operator]
+    assert reserve == 2 * worker + CONV3D.params_bytes + 3 * 192 * MIB + 768 * MIB + 2 * 64 * MIB  # type: ignore[operator]
     plan = memory_plan(CONV3D, baseline_bytes=640 * MIB, peak_bytes=4024 * MIB, resident_bytes=3584 * MIB,
                        timing_pairs=20, measure_speed=True)  # fmt: skip
     assert reserve < plan.reserve_bytes  # grown once measured
@@ -147,3 +148,16 @@ def test_a_limit_the_reference_itself_outgrew_blames_the_sizing_not_the_candidat
 def test_other_failures_are_left_alone(tmp_path: Path) -> None:
     failed = StopGradingError(Outcome.FAILED, "candidate raised during correctness: ValueError: no")
     assert sized(tmp_path).blame(failed, FakeReference(9 * GIB, 9 * GIB)) is failed  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pooled", [1, 64 << 10, 5 * MIB, 100 * MIB, 300 * MIB, GIB])
+@pytest.mark.parametrize("pairs", [3, 20, 200])
+def test_the_reserved_pool_and_batch_cover_every_plan_the_timing_step_can_make(
+    pooled: int, pairs: int
+) -> None:
+    """Over reference times from 10 ns to 100 s: with 3 timing pairs a slow call (6 pairs, the
+    slow plan's floor) makes a larger pool than a fast one, so the bound is not the fast plan alone."""
+    pool, batch = largest_plan(pooled, pairs)
+    plans = [plan_timing(10.0**exponent, pooled, pairs) for exponent in range(-8, 3)]
+    assert max(p.pool_size for p in plans) * pooled == pool
+    assert max(p.per_batch for p in plans) * pooled == batch

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentinfra._settings import format_size
+from agentinfra.environments.kernels._timing import POOL_BYTES_LIMIT, largest_plan
 
 __all__ = [
     "MARGIN_FLOOR_BYTES",
@@ -58,8 +59,6 @@ MAX_BATCH_CALLS = 16
 EXTRA_THREADS = 8
 THREAD_ADDRESS_BYTES = 80 << 20
 """Address space one more torch thread costs (measured: 8 threads 1989 MiB, 1 thread 1429 MiB)."""
-POOL_BYTES_LIMIT = 768 << 20
-"""The timing pool's bound (`_timing.POOL_BYTES_LIMIT`; a pool of 4 entries may exceed it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +133,10 @@ def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: b
     expected output, the candidate's reply), the pool file, and a batch's sealed copy for each side
     (`_timing_pool`: made as that side stages it; the copy a worker still maps from its previous
     batch is in that worker's own batch allowance)."""
-    inputs, entry = sizes.inputs_bytes or 0, sizes.entry_bytes
-    pool = 0
-    if measure_speed and entry:
-        # the plan (`_timing.plan_timing`) keeps the pool's inputs within the bound, or holds
-        # at least 3 timed pairs and 2 warm-up batches of one call each
-        within = min(POOL_BYTES_LIMIT, (timing_pairs + 2) * MAX_BATCH_CALLS * inputs)
-        pool = max(within, 5 * inputs)
-    batch = min(pool, max(inputs, min(MAX_BATCH_CALLS * inputs, POOL_BYTES_LIMIT // 4)))
+    inputs = sizes.inputs_bytes or 0
+    pool = batch = 0
+    if measure_speed and inputs:
+        pool, batch = largest_plan(inputs, timing_pairs)
     return 3 * sizes.entry_bytes + pool + 2 * batch
 
 

@@ -107,6 +107,18 @@ def plan_timing(reference_s: float, pooled_bytes: int, timing_pairs: int) -> Tim
     return TimingPlan(per_batch, pairs, warmup, slow, pool_size)
 
 
+def largest_plan(pooled_bytes: int, timing_pairs: int) -> tuple[int, int]:
+    """The most bytes of inputs `plan_timing` can put in the pool and in one batch, over every
+    reference time: the fastest call has the most calls a batch, the slowest call just past
+    ``SLOW_CALL_S`` the most timed pairs. `_sizing` reserves memory for these before any timing."""
+    plans = [plan_timing(reference_s, pooled_bytes, timing_pairs)
+             for reference_s in (0.0, SLOW_CALL_S * (1 + 1e-9))]  # fmt: skip
+    return (
+        max(plan.pool_size for plan in plans) * pooled_bytes,
+        max(plan.per_batch for plan in plans) * pooled_bytes,
+    )
+
+
 class TimingRun:
     """One grading's timing step over its workers and its pool (module docstring)."""
 

@@ -8,8 +8,8 @@ CPU each side gets a sealed copy of a batch's bytes made just before that side
 stages it (the same way for both, so both stage alike) and closed here once sent:
 the worker's mapping keeps it until its next batch. So the copies alive at once
 are the batch each side maps and the one being made, not two of the whole pool
-(24.2 GiB reserved for `level1/3_Batched_matrix_multiplication` was 15 GiB of
-copies made up front).
+(made up front, they and the pool were 15 GiB of the 24.2 GiB first reserved for
+`level1/3_Batched_matrix_multiplication`).
 Invariant: a file reaches the candidate only after it is sealed (no write, resize
 or further seal, by anyone); a memfd can be reopened writable through
 ``/proc/self/fd``, so the seal, not the read-only descriptor, is what holds.
