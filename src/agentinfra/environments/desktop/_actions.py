@@ -23,6 +23,7 @@ import ast
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentinfra import _pyast
 from agentinfra.errors import TaskEnvironmentError
 
 __all__ = ["ACTION_SPACES", "TRACKS", "ActionError", "Step", "plan"]
@@ -256,7 +257,7 @@ def _literal(node: ast.expr) -> bool:
 def check_gui_only(code: str) -> None:
     """Refuses code that is anything but pyautogui input calls and ``time.sleep`` with literal arguments."""
     try:
-        tree = ast.parse(code)
+        tree = _pyast.parse(code)
     except SyntaxError as exc:
         raise ActionError(f"action code does not parse: {exc.msg} (line {exc.lineno})") from exc
     for statement in tree.body:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentinfra import _pyast
 from agentinfra.errors import TaskEnvironmentError
 
 __all__ = ["ProblemMeta", "load_problem_meta", "parse_problem_meta"]
@@ -125,7 +126,7 @@ def parse_problem_meta(source: bytes, path: Path) -> ProblemMeta:
         TaskEnvironmentError: as `load_problem_meta`, bar reading.
     """
     try:
-        tree = ast.parse(source, filename=str(path))
+        tree = _pyast.parse(source, filename=str(path))
     except SyntaxError as exc:
         raise TaskEnvironmentError(
             f"problem {path} is not valid Python: line {exc.lineno}: {exc.msg}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from agentinfra import _pyast
 from agentinfra.environments.kernels._verdict import Finding, Severity
 
 __all__ = ["static_findings"]
@@ -217,5 +218,5 @@ def _dedupe(findings: list[Finding]) -> Iterator[Finding]:
 def static_findings(source: str, filename: str = "submission.py") -> list[Finding]:
     """Findings for ``source``; a syntax error is the caller's business (``ast.parse`` raises)."""
     scanner = _Scanner(filename)
-    scanner.visit(ast.parse(source, filename=filename))
+    scanner.visit(_pyast.parse(source, filename=filename))
     return list(_dedupe(scanner.found))
