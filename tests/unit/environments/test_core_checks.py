@@ -10,6 +10,7 @@ import contextlib
 import os
 import random
 import socket
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from agentinfra.environments.kernels._judgements import (
     speedup_result,
 )
 from agentinfra.environments.kernels._problem import ProblemMeta
+from agentinfra.environments.kernels._timing import Measurements
 from agentinfra.environments.kernels._timing_pool import CANDIDATE, REFERENCE, TimingPool
 from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
 
@@ -180,6 +182,31 @@ def test_plausibility_against_the_physical_floor(
     problem: ProblemMeta, peaks: dict[str, float], candidate_s: float, expected: Finding | None
 ) -> None:
     assert judge_plausibility(problem, peaks, candidate_s) == expected
+
+
+def test_a_loaded_machines_plumbing_never_makes_an_honest_candidate_implausible() -> None:
+    """Seen in CI: three gradings on two cores. The median empty batch, measured before the
+    pairs, took 5.7 ms; a cumsum's 16-call batches then took 0.4-0.9 ms, read as ~0 per call."""
+    measured = Measurements(
+        per_batch=16, entry_bytes=1, cand_times=[1e-9 / 16] * 5,
+        cand_batch_s=[0.0009, 0.0004, 0.0006, 0.0005, 0.0007], quietest_empty_s=0.0001,
+    )  # fmt: skip
+    floor = meta(bytes_=262_144.0)  # 17.5 us at 15 GB/s, the CI machine's peak
+    peaks = {"bytes_per_s": 1.5e10}
+    assert judge_plausibility(floor, peaks, statistics.median(measured.cand_times)) is not None
+    assert measured.candidate_s_at_least == pytest.approx((0.0006 - 0.0001) / 16)
+    assert judge_plausibility(floor, peaks, measured.candidate_s_at_least) is None
+
+
+def test_a_batch_that_returns_at_once_is_still_implausible() -> None:
+    """Precomputed outputs: batches as quick as the quietest empty batch."""
+    measured = Measurements(
+        per_batch=16, entry_bytes=1, cand_batch_s=[0.00012, 0.00011, 0.00013],
+        quietest_empty_s=0.0001,
+    )  # fmt: skip
+    assert measured.candidate_s_at_least == pytest.approx(0.00002 / 16)
+    assert judge_plausibility(meta(bytes_=262_144.0), {"bytes_per_s": 1.5e10},
+                              measured.candidate_s_at_least) is not None  # fmt: skip
 
 
 @pytest.mark.parametrize(

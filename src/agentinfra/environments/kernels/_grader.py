@@ -550,7 +550,7 @@ class _Grading:
         self.timing = speedup_result(measured.ref_times, measured.cand_times, self.rng)
         candidate_s = statistics.median(measured.cand_times)
         self.utilisation = utilisation(self.meta, peaks, candidate_s, measured.entry_bytes)
-        self._add(judge_plausibility(self.meta, peaks, candidate_s))
+        self._add(judge_plausibility(self.meta, peaks, measured.candidate_s_at_least))
 
     # -- verdict -----------------------------------------------------------------
 

@@ -202,7 +202,11 @@ def physical_floor_s(meta: ProblemMeta, peaks: Mapping[str, float]) -> float:
 def judge_plausibility(
     meta: ProblemMeta, peaks: Mapping[str, float], candidate_s: float
 ) -> Finding | None:
-    """A block when the median call ``candidate_s`` is under half the physical floor."""
+    """A block when ``candidate_s`` per call is under half the physical floor.
+
+    ``candidate_s`` must never read below the candidate's real time
+    (`Measurements.candidate_s_at_least`): a block is a claim of cheating.
+    """
     floor = physical_floor_s(meta, peaks)
     if not floor or candidate_s >= 0.5 * floor:
         return None

@@ -60,6 +60,10 @@ class Measurements:
     ref_times: list[float] = field(default_factory=list)
     """Per timed pair: the reference's seconds per call, its empty batch's overhead subtracted."""
     cand_times: list[float] = field(default_factory=list)
+    cand_batch_s: list[float] = field(default_factory=list)
+    """Per timed pair: the candidate's batch as the supervisor's clock read it, nothing subtracted."""
+    quietest_empty_s: float = 0.0
+    """The shortest empty batch either side took: the least plumbing a batch can have had."""
     empty_windows: list[CpuWindow] = field(default_factory=list)
     """The candidate's empty batches (the plumbing subtracted by the core check)."""
     timed_windows: list[CpuWindow] = field(default_factory=list)
@@ -69,6 +73,21 @@ class Measurements:
     staging: StagingCpu | None = None
     """Staging CPU per batch (CPU devices, where inputs are staged)."""
     audit_failed: bool = False
+
+    @property
+    def candidate_s_at_least(self) -> float:
+        """The candidate's median seconds per call with only the quietest plumbing subtracted.
+
+        ``cand_times`` subtract the median empty batch, measured once before the pairs; on a
+        loaded machine that median can exceed a fast candidate's later batches, which then
+        read as no time at all. A check that blocks on a time too short uses this instead:
+        it is never below the candidate's real time per call plus the plumbing's noise.
+        """
+        if not self.cand_batch_s:
+            return 0.0
+        return statistics.median(
+            max(s - self.quietest_empty_s, 0.0) / self.per_batch for s in self.cand_batch_s
+        )
 
     @property
     def timed_calls(self) -> int:
@@ -141,6 +160,7 @@ class TimingRun:
         self._staging_cpu: StagingCpu | None = None
         self._audit_failed = False
         self._disagreed = False
+        self._quietest_empty_s = float("inf")
 
     def run(self) -> Measurements:
         """Plans, shares the pool and times every pair."""
@@ -167,6 +187,9 @@ class TimingRun:
                 [],
             )
             self._timing_loop(order, plan, overhead_ref, overhead_cand, measured)
+        measured.quietest_empty_s = min(
+            self._quietest_empty_s, min(measured.cand_batch_s, default=0.0)
+        )
         measured.timed_windows = self._cpu_windows[plan.warmup :]
         measured.idle_windows = self._idle_windows[plan.warmup :]
         measured.staging = self._staging_cpu
@@ -191,6 +214,7 @@ class TimingRun:
             if index >= warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
+                measured.cand_batch_s.append(cand_s)
             if (
                 plan.slow
                 and len(ref_times) >= MIN_PAIRS
@@ -285,6 +309,7 @@ class TimingRun:
             self._timed_batch_reference([]) if reference else self._timed_batch_candidate([])[0]
             for _ in range(7)
         ]
+        self._quietest_empty_s = min(self._quietest_empty_s, *samples)
         return statistics.median(samples)
 
     def _cpu(self) -> CpuSample | None:
