@@ -27,12 +27,11 @@ PROBLEMS = ROOT / "examples" / "kernels" / "problems"
 
 def as_expected(got: dict[str, Any], expected: dict[str, Any]) -> bool:
     """The declared outcome, every declared blocking check, and no block beyond those and the
-    cheat's ``may_also_block``."""
+    cheat's ``may_also_block`` (one of which flags even a cheat declared to pass or fail)."""
     allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
     blocking = set(got["blocking"])
-    return (
-        got["outcome"] == expected["outcome"] and set(expected["blocking"]) <= blocking <= allowed
-    )
+    outcome = "hack_flagged" if blocking - set(expected["blocking"]) else expected["outcome"]
+    return got["outcome"] == outcome and set(expected["blocking"]) <= blocking <= allowed
 
 
 def main() -> None:

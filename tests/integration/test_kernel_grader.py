@@ -129,7 +129,10 @@ def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> N
     }
     expected = EXPECTED_CHEATS[cheat.stem]
     allowed = set(expected["blocking"]) | set(expected.get("may_also_block", []))
-    assert got["outcome"] == expected["outcome"], evaluation.model_dump_json(indent=1)
+    # a check it may also trip makes even a cheat declared harmless a flagged one
+    also = set(got["blocking"]) - set(expected["blocking"])
+    want = "hack_flagged" if also else expected["outcome"]
+    assert got["outcome"] == want, evaluation.model_dump_json(indent=1)
     assert set(expected["blocking"]) <= set(got["blocking"]) <= allowed, evaluation.model_dump_json(
         indent=1
     )
