@@ -55,6 +55,9 @@ class _DeadlineReader:
     def read(self, count: int) -> bytes:
         return self._channel.read(count, deadline=self.deadline)
 
+    def readinto(self, buffer: memoryview) -> int:
+        return self._channel.readinto(buffer, deadline=self.deadline)
+
 
 class JailedProcess:
     """One process started through `start`, its two pipes, its stderr file, and its end."""
@@ -138,6 +141,17 @@ class JailedProcess:
             _wait(self._from, writable=False, deadline=deadline)
             with contextlib.suppress(BlockingIOError):
                 return os.read(self._from, min(count, _CHUNK_BYTES))
+
+    def readinto(self, buffer: memoryview, *, deadline: float = float("inf")) -> int:
+        """`read` into ``buffer`` (at most its length); the count read, 0 at the process's end.
+
+        Raises:
+            ChannelTimeoutError: nothing arrived before ``deadline``.
+        """
+        while True:
+            _wait(self._from, writable=False, deadline=deadline)
+            with contextlib.suppress(BlockingIOError):
+                return os.readv(self._from, [buffer[:_CHUNK_BYTES]])
 
     def reader(self, deadline: float) -> _DeadlineReader:
         """A file-like ``read(n)`` that raises `ChannelTimeoutError` past ``deadline``."""

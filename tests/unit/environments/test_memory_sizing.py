@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from agentinfra.environments.kernels._compare import COMPARE_BYTES
 from agentinfra.environments.kernels._grading_memory import GradingMemory, MemoryRules
 from agentinfra.environments.kernels._sizing import (
     MARGIN_FLOOR_BYTES,
@@ -37,11 +38,15 @@ def test_the_limit_is_the_references_peak_plus_a_quarter_of_its_data_and_a_batch
     )  # one call's inputs and output: the pool allows one a batch
     assert plan.limit_bytes == 4024 * MIB + data // 4 + 192 * MIB + THREADS
     # resident: the reference's high-water mark and a batch; the candidate's limit less what the
-    # runtime maps without touching (VmPeak - VmHWM); the supervisor's copies, the largest pool the
-    # timing plan makes (its 768 MiB bound of inputs) and a batch's copy per side (one call's 64 MiB)
+    # runtime maps without touching (VmPeak - VmHWM); the supervisor's: the planning call's frame,
+    # a comparison's chunks, the largest pool the timing plan makes (its 768 MiB bound of inputs),
+    # a batch's copy per side (one call's 64 MiB) and an audit's outputs from both sides
     assert plan.reference_resident_bytes == 3584 * MIB + 192 * MIB
     assert plan.candidate_resident_bytes == plan.limit_bytes - THREADS - (4024 - 3584) * MIB
-    assert plan.supervisor_bytes == 3 * 192 * MIB + 768 * MIB + 2 * 64 * MIB
+    assert (
+        plan.supervisor_bytes
+        == 192 * MIB + COMPARE_BYTES + 768 * MIB + 2 * 64 * MIB + 2 * 128 * MIB
+    )
     assert plan.reserve_bytes == (
         plan.reference_resident_bytes + plan.candidate_resident_bytes + plan.supervisor_bytes
     )
@@ -67,13 +72,15 @@ def test_the_limit_never_starts_below_what_the_sizes_say_a_worker_holds(peak: in
     floor = GIB + 2 * GIB + 16 * MIB  # runtime (unmeasured: 1 GiB), parameters twice, one call
     assert plan.reference_peak_bytes == floor
     assert plan.limit_bytes == floor + (floor - GIB) // 4 + plan.batch_bytes + THREADS
-    assert plan.supervisor_bytes == 3 * 16 * MIB  # no timing: no pool
+    # no timing, no pool: the self-check's frames beside the parameters kept for the candidate
+    assert plan.supervisor_bytes == 16 * MIB + COMPARE_BYTES + GIB + 8 * MIB
 
 
 def test_admission_reserves_the_least_the_sizes_say_before_the_reference_runs() -> None:
     reserve = admission_bytes(CONV3D, timing_pairs=20, measure_speed=True)
     worker = 256 * MIB + 2 * CONV3D.params_bytes + 192 * MIB  # type: ignore[operator]
-    assert reserve == 2 * worker + CONV3D.params_bytes + 3 * 192 * MIB + 768 * MIB + 2 * 64 * MIB  # type: ignore[operator]
+    supervisor = 192 * MIB + COMPARE_BYTES + 768 * MIB + 2 * 64 * MIB + 2 * 128 * MIB
+    assert reserve == 2 * worker + CONV3D.params_bytes + supervisor  # type: ignore[operator]
     plan = memory_plan(CONV3D, baseline_bytes=640 * MIB, peak_bytes=4024 * MIB, resident_bytes=3584 * MIB,
                        timing_pairs=20, measure_speed=True)  # fmt: skip
     assert reserve < plan.reserve_bytes  # grown once measured

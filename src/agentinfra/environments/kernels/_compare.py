@@ -5,19 +5,34 @@ side executed. The rule (module docstring of `_grader`): exact dtype and shape;
 integer and bool outputs equal; floating outputs finite where the reference is,
 the same non-finite values, and within ``atol * scale + rtol * |reference|``
 elementwise, ``scale`` being the reference's largest finite magnitude. NaN never passes.
+
+Both outputs are read in place, a run of `CHUNK_ELEMENTS` at a time widened to
+float64: the supervisor's memory for a comparison is `COMPARE_BYTES` whatever the
+output's size (it once widened both outputs whole, about ten times a float32 output).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from agentinfra.environments.kernels._problem import ProblemMeta
-from agentinfra.environments.kernels._wire import TensorBytes
+from agentinfra.environments.kernels._wire import DTYPE_BYTES, TensorBytes
 
-__all__ = ["Comparison", "compare", "to_array"]
+__all__ = ["COMPARE_BYTES", "CHUNK_ELEMENTS", "Comparison", "compare"]
+
+CHUNK_ELEMENTS = 1 << 19
+"""Elements of each output widened at a time."""
+COMPARE_BYTES = 12 * 8 * CHUNK_ELEMENTS
+"""The most a comparison holds: a dozen float64 arrays of one chunk (both sides, masks, errors)."""
+
+_NUMPY = {
+    "float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4",
+    "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "u1",
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,48 +43,72 @@ class Comparison:
     message: str
 
 
-def to_array(item: TensorBytes) -> np.ndarray[Any, Any]:
-    """``item`` as a numpy array; floating dtypes widened to float64, bool kept."""
-    import torch
+def _chunks(item: TensorBytes, chunk: int) -> Iterator[np.ndarray[Any, Any]]:
+    """``item``'s elements in runs of ``chunk``: floating dtypes widened to float64, bool as bool,
+    integers as they are (views of the bytes where no widening is needed)."""
+    size = DTYPE_BYTES[item.dtype]
+    for start in range(0, item.numel, chunk):
+        count = min(chunk, item.numel - start)
+        if item.dtype == "bfloat16":  # the top half of a float32: widened exactly
+            raw = np.frombuffer(item.data, "<u2", count, start * size).astype("<u4") << 16
+            yield raw.view("<f4").astype(np.float64)
+            continue
+        values = np.frombuffer(item.data, _NUMPY[item.dtype], count, start * size)
+        if item.dtype == "bool":
+            yield values != 0
+        elif values.dtype.kind == "f":
+            yield values.astype(np.float64)
+        else:
+            yield values
 
-    flat = (
-        torch.frombuffer(bytearray(item.data), dtype=torch.uint8)
-        if item.data
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    if item.dtype == "bool":
-        return flat.numpy().astype(bool).reshape(item.shape)
-    tensor = flat.view(getattr(torch, item.dtype)).reshape(item.shape)
-    if tensor.is_floating_point():
-        tensor = tensor.double()
-    return tensor.numpy()
 
-
-def compare(got: TensorBytes, want: TensorBytes, meta: ProblemMeta) -> Comparison:
+def compare(
+    got: TensorBytes, want: TensorBytes, meta: ProblemMeta, *, chunk: int = CHUNK_ELEMENTS
+) -> Comparison:
     """``got`` (the candidate's) against ``want`` (the reference's) under ``meta``'s tolerance."""
     if got.dtype != want.dtype or got.shape != want.shape:
         return Comparison(
             False, f"output {got.dtype}{list(got.shape)} != expected {want.dtype}{list(want.shape)}"
         )
-    a, b = to_array(got), to_array(want)
-    if a.dtype == bool or not np.issubdtype(b.dtype, np.floating):
-        equal = bool(np.array_equal(a, b))
-        return Comparison(equal, "" if equal else "integer/bool output differs")
-    finite = np.isfinite(b)
-    if np.isnan(a).any() and not np.isnan(b).any():
-        return Comparison(
-            False, f"output has {int(np.isnan(a).sum())} NaN values where the reference has none"
+    if got.dtype == "bool" or not (got.dtype.startswith("float") or got.dtype == "bfloat16"):
+        equal = all(
+            np.array_equal(a, b)
+            for a, b in zip(_chunks(got, chunk), _chunks(want, chunk), strict=True)
         )
-    if not np.array_equal(np.isfinite(a), finite) or not np.array_equal(a[~finite], b[~finite]):
+        return Comparison(equal, "" if equal else "integer/bool output differs")
+    # first pass: NaN, where each side is finite, and the reference's scale
+    nan_got = 0
+    nan_want = nonfinite_differ = False
+    scale = 0.0
+    for a, b in zip(_chunks(got, chunk), _chunks(want, chunk), strict=True):
+        finite = np.isfinite(b)
+        nan_got += int(np.isnan(a).sum())
+        nan_want = nan_want or bool(np.isnan(b).any())
+        if not nonfinite_differ:
+            nonfinite_differ = not np.array_equal(np.isfinite(a), finite) or not np.array_equal(
+                a[~finite], b[~finite]
+            )
+        if finite.any():
+            scale = max(scale, float(np.abs(b[finite]).max()))
+    if nan_got and not nan_want:
+        return Comparison(False, f"output has {nan_got} NaN values where the reference has none")
+    if nonfinite_differ:
         return Comparison(False, "non-finite values differ from the reference")
-    scale = float(np.abs(b[finite]).max()) if finite.any() else 0.0
-    error = np.abs(a[finite] - b[finite])
-    limit = meta.atol * max(scale, 1e-6) + meta.rtol * np.abs(b[finite])
-    bad = int((error > limit).sum())
+    # second pass: the tolerance, element by element
+    bad = elements = 0
+    worst = 0.0
+    floor = meta.atol * max(scale, 1e-6)
+    for a, b in zip(_chunks(got, chunk), _chunks(want, chunk), strict=True):
+        finite = np.isfinite(b)
+        expected = b[finite]
+        error = np.abs(a[finite] - expected)
+        bad += int((error > floor + meta.rtol * np.abs(expected)).sum())
+        elements += error.size
+        if error.size:
+            worst = max(worst, float(error.max()))
     if bad:
-        worst = float(error.max())
         return Comparison(
             False,
-            f"{bad} of {error.size} elements out of tolerance (max abs error {worst:.3g}, output scale {scale:.3g})",
+            f"{bad} of {elements} elements out of tolerance (max abs error {worst:.3g}, output scale {scale:.3g})",
         )
     return Comparison(True, "")

@@ -137,33 +137,48 @@ def check_candidate(calls: WorkerCalls, meta: ProblemMeta, rng: random.Random, s
     checked = 0
     failures: list[str] = []
     for seed, variant, shape in cases:
-        gen = calls.reference_call({"op": "gen", "seed": seed, "variant": variant, "shape": shape})
-        if not gen.header["finite"] and variant != "base":
-            continue
-        inputs, expected = gen.tensors[:-1], gen.tensors[-1]
-        reply = calls.candidate_call(
-            {"op": "call", "inputs": gen.header["inputs"]}, inputs, phase="correctness"
-        )
-        checked += 1
         label = f"seed {seed}, variant {variant}" + (f", shape {shape}" if shape else "")
-        if reply.header.get("output_type") != "torch.Tensor" or not reply.tensors:
-            record(Finding(
-                check="output_type", severity="block", evidence=label,
-                message=f"output is {reply.header.get('output_type')}, not a plain torch.Tensor",
-            ))  # fmt: skip
-            failures.append(label)
-            continue
-        sent = [digest(t) for t in inputs]
-        after = [
-            a for a in reply.header.get("inputs_after", []) if isinstance(a, str) and len(a) == 32
-        ]
-        if after != sent[: len(after)] or len(after) != len(sent):
-            record(Finding(check="input_mutation", severity="block",
-                           message="an input was modified by the call", evidence=label))  # fmt: skip
-        result = compare(reply.tensors[0], expected, meta)
-        if not result.ok:
-            failures.append(f"{label}: {result.message}")
+        failure = _check_case(
+            calls, meta, record, label, {"seed": seed, "variant": variant, "shape": shape}
+        )
+        if failure is not _SKIPPED:
+            checked += 1
+            if failure is not None:
+                failures.append(failure)
     if failures:
         record(Finding(check="correctness", severity="warn", evidence="; ".join(failures[:4]),
                        message=f"{len(failures)} of {checked} checks failed"))  # fmt: skip
     return checked > 0 and not failures
+
+
+_SKIPPED = "skipped"
+"""`_check_case` on a variant whose inputs the reference does not keep finite: not a check."""
+
+
+def _check_case(calls: WorkerCalls, meta: ProblemMeta, record: Callable[[Finding], None],
+                label: str, case: dict[str, object]) -> str | None:  # fmt: skip
+    """One correctness case: None when the candidate matched, else why not (`_SKIPPED`: not run).
+
+    Its frames die when it returns: the supervisor holds one case's inputs, expected output and
+    reply at a time (`_sizing.supervisor_bytes`), never the previous case's beside the next's.
+    """
+    gen = calls.reference_call({"op": "gen", **case})
+    if not gen.header["finite"] and case["variant"] != "base":
+        return _SKIPPED
+    inputs, expected = gen.tensors[:-1], gen.tensors[-1]
+    reply = calls.candidate_call(
+        {"op": "call", "inputs": gen.header["inputs"]}, inputs, phase="correctness"
+    )
+    if reply.header.get("output_type") != "torch.Tensor" or not reply.tensors:
+        record(Finding(
+            check="output_type", severity="block", evidence=label,
+            message=f"output is {reply.header.get('output_type')}, not a plain torch.Tensor",
+        ))  # fmt: skip
+        return label
+    sent = [digest(t) for t in inputs]
+    after = [a for a in reply.header.get("inputs_after", []) if isinstance(a, str) and len(a) == 32]
+    if after != sent[: len(after)] or len(after) != len(sent):
+        record(Finding(check="input_mutation", severity="block",
+                       message="an input was modified by the call", evidence=label))  # fmt: skip
+    result = compare(reply.tensors[0], expected, meta)
+    return None if result.ok else f"{label}: {result.message}"

@@ -618,6 +618,7 @@ class _Grading:
             loaded = self.start_reference()
             self.check_reference()
             self.start_candidate(loaded)
+            loaded.clear()  # the parameters: the candidate has them now (`_sizing.supervisor_bytes`)
             self.check_correctness()
             if self.correct and self.options.measure_speed:
                 self.measure()

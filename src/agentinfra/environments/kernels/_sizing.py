@@ -17,9 +17,9 @@ come out (`MemoryPlan`), in two units on purpose:
 - the grading's reservation in the machine's ledger, in **resident** bytes: the
   reference's high-water mark plus a batch, the candidate's limit less the part of
   the runtime's address space that is mapped but not resident (the reference's
-  ``VmPeak - VmHWM``: the same interpreter and libraries) and the threads' allowance, and the supervisor's
-  copies (the inputs and outputs it holds, the timing pool file, and the sealed
-  copy of a batch made for each side as it stages it).
+  ``VmPeak - VmHWM``: the same interpreter and libraries) and the threads' allowance, and the
+  supervisor's (`supervisor_bytes`: one call's frames, a comparison's chunks, and in the
+  timing the pool file and the sealed copy of a batch made for each side as it stages it).
 
 Before the reference has run (`admission_bytes`) only the sizes are known: the
 reservation then counts each worker as the runtime plus three times the parameters
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentinfra._settings import format_size
+from agentinfra.environments.kernels._compare import COMPARE_BYTES
 from agentinfra.environments.kernels._timing import POOL_BYTES_LIMIT, largest_plan
 
 __all__ = [
@@ -129,15 +130,24 @@ def batch_bytes(sizes: ProblemSizes) -> int:
 
 
 def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: bool) -> int:
-    """The supervisor's copies: a call's inputs and outputs three times (the reference's frame, the
-    expected output, the candidate's reply), the pool file, and a batch's sealed copy for each side
-    (`_timing_pool`: made as that side stages it; the copy a worker still maps from its previous
-    batch is in that worker's own batch allowance)."""
-    inputs = sizes.inputs_bytes or 0
-    pool = batch = 0
+    """The most the supervisor holds at once, phase by phase (frames are read in place and
+    forwarded uncopied, `_wire`; a comparison needs `COMPARE_BYTES`, `_compare`):
+
+    - the reference's self-check: the parameters it sent (kept for the candidate's load), its
+      inputs and both outputs;
+    - correctness: one case at a time, its inputs, the expected output and the reply;
+    - timing: the planning call's inputs and output, the pool file, a batch's sealed copy for
+      each side (`_timing_pool`: made as that side stages it; the copy a worker still maps from
+      its previous batch is in that worker's own batch allowance), and an audit's outputs from
+      both sides, at most a batch's.
+    """
+    inputs, output = sizes.inputs_bytes or 0, sizes.output_bytes or 0
+    checks = (sizes.params_bytes or 0) + output
+    timing = 0
     if measure_speed and inputs:
         pool, batch = largest_plan(inputs, timing_pairs)
-    return 3 * sizes.entry_bytes + pool + 2 * batch
+        timing = pool + 2 * batch + 2 * (batch // inputs) * output
+    return sizes.entry_bytes + COMPARE_BYTES + max(checks, timing)
 
 
 def admission_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: bool) -> int:

@@ -6,6 +6,11 @@ The JSON object carries ``tensors``: a list of ``{"dtype", "shape"}`` whose raw
 little-endian bytes follow back to back in the payload. Nothing is pickled.
 Frames from a candidate worker are untrusted: `read_frame` validates sizes,
 dtypes and shapes and raises `WireError` on anything malformed.
+
+No frame is copied whole on the way: `read_frame` reads the payload into one buffer
+and each tensor is a read-only view of it, and `frame_parts` lets a sender write the
+header and each tensor's bytes as they are (`encode_frame` joins them once). A
+supervisor forwarding a call's inputs holds them once, not three times.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ __all__ = [
     "WireError",
     "digest",
     "encode_frame",
+    "frame_parts",
     "read_frame",
 ]
 
@@ -46,7 +52,8 @@ class TensorBytes:
 
     dtype: str
     shape: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview
+    """The raw bytes; from `read_frame`, a read-only view of the frame's payload."""
 
     @property
     def numel(self) -> int:
@@ -64,13 +71,38 @@ class Frame:
     tensors: list[TensorBytes]
 
 
-def encode_frame(header: dict[str, Any], tensors: list[TensorBytes] | None = None) -> bytes:
-    """Encodes one frame."""
+def frame_parts(
+    header: dict[str, Any], tensors: list[TensorBytes] | None = None
+) -> list[bytes | memoryview]:
+    """One frame as the pieces to write in order: the fixed header and JSON, then each
+    tensor's bytes, uncopied."""
     tensors = tensors or []
     body = dict(header, tensors=[{"dtype": t.dtype, "shape": list(t.shape)} for t in tensors])
     text = json.dumps(body, separators=(",", ":")).encode()
-    payload = b"".join(t.data for t in tensors)
-    return _HEADER.pack(_MAGIC, len(text), len(payload)) + text + payload
+    payload_bytes = sum(len(t.data) for t in tensors)
+    head: list[bytes | memoryview] = [_HEADER.pack(_MAGIC, len(text), payload_bytes) + text]
+    return head + [t.data for t in tensors if len(t.data)]
+
+
+def encode_frame(header: dict[str, Any], tensors: list[TensorBytes] | None = None) -> bytes:
+    """Encodes one frame (`frame_parts`, joined)."""
+    return b"".join(frame_parts(header, tensors))
+
+
+def _read_into(stream: IO[bytes], view: memoryview) -> None:
+    """Fills ``view`` from ``stream``, in place where the stream can (``readinto``)."""
+    filled = 0
+    readinto = getattr(stream, "readinto", None)
+    while filled < len(view):
+        if readinto is not None:
+            got = readinto(view[filled:]) or 0
+        else:
+            chunk = stream.read(len(view) - filled)
+            got = len(chunk)
+            view[filled : filled + got] = chunk
+        if not got:
+            raise WireError(f"stream ended with {len(view) - filled} of {len(view)} bytes unread")
+        filled += got
 
 
 def _read_exactly(stream: IO[bytes], count: int) -> bytes:
@@ -131,7 +163,9 @@ def read_frame(stream: IO[bytes], *, max_payload_bytes: int) -> Frame:
     if not isinstance(header, dict):
         raise WireError("frame JSON is not an object")
     specs = _tensor_specs(header, payload_bytes)
-    payload = _read_exactly(stream, payload_bytes)
+    payload = memoryview(bytearray(payload_bytes))
+    _read_into(stream, payload)
+    payload = payload.toreadonly()
     tensors: list[TensorBytes] = []
     offset = 0
     for dtype, shape, count in specs:

@@ -54,7 +54,7 @@ from agentinfra.environments.kernels._wire import (
     Frame,
     TensorBytes,
     WireError,
-    encode_frame,
+    frame_parts,
     read_frame,
 )
 from agentinfra.errors import ChannelClosedError, ChannelTimeoutError, ForkServerError
@@ -334,7 +334,8 @@ class WorkerProcess:
 
     def send(self, header: dict[str, object], tensors: list[TensorBytes] | None = None) -> None:
         try:
-            self.channel.send(encode_frame(header, tensors))
+            for part in frame_parts(header, tensors):  # inputs forwarded as they are, uncopied
+                self.channel.send(part)
         except ChannelClosedError as exc:
             raise WorkerDiedError(f"worker pipe closed ({exc})", self.process.poll()) from None
 
