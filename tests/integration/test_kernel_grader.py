@@ -373,3 +373,22 @@ def test_a_fork_server_that_fails_is_a_grader_error_naming_the_knob(
     with pytest.raises(TaskEnvironmentError, match="AGENTINFRA_GRADER_FORK_SERVER=0"):
         grade_files(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", QUICK)
     assert sandbox_uids() == set()
+
+
+def test_a_reference_reply_over_the_frame_limit_is_named_not_called_a_death(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference alive, its 4 MiB reply over the frame limit: the refusal says so (KernelBench's
+    level2/2 once read "the reference process died during gen: exit status None")."""
+    from agentinfra.environments.kernels import _workers
+
+    monkeypatch.setattr(
+        _workers, "MAX_REPLY_BYTES", 1 << 20
+    )  # the reader's limit, not the refusal's
+    verdict = grade_files(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", QUICK)
+    assert verdict.outcome is Outcome.GRADER_ERROR
+    assert verdict.error is not None
+    assert verdict.error.startswith("the reference's reply to gen could not be read: "), (
+        verdict.error
+    )
+    assert "frame too large" in verdict.error

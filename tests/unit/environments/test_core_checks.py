@@ -248,11 +248,19 @@ CAP_KNOB = "(AGENTINFRA_GRADER_MEMORY, GradeOptions.memory_limit_bytes): raise o
             "unknown, one input set 3.0 GiB, output 2.0 GiB), over the 4.0 GiB frame the reference sends them "
             "in: shrink the problem's sizes to grade it here")),
         ({"output_bytes": 5 * GIB}, None, Refusal(
-            "problem output too large: 5.0 GiB per call, over the grader's 4.0 GiB reply frame (outputs are "
-            "compared whole by the supervisor; parameters unknown, one input set unknown, output 5.0 GiB): "
-            "shrink the problem's sizes to grade it here")),
+            "problem output too large: 5.0 GiB per call, and the reference's self-check sends two in one "
+            "frame, over the grader's 4.0 GiB (outputs are compared by the supervisor; parameters unknown, "
+            "one input set unknown, output 5.0 GiB): shrink the problem's sizes to grade it here")),
+        # KernelBench level2/2 (ConvTranspose2d, stride 2): 0.5 GiB in, 2 GiB out. Its self-check
+        # once sent inputs and both outputs, 4.5 GiB, and the reference "died: exit status None"
+        ({"inputs_bytes": GIB // 2, "output_bytes": 2 * GIB}, None, None),
+        ({"inputs_bytes": GIB // 2, "output_bytes": 2 * GIB + 1}, None, Refusal(
+            "problem output too large: 2.0 GiB per call, and the reference's self-check sends two in one "
+            "frame, over the grader's 4.0 GiB (outputs are compared by the supervisor; parameters unknown, "
+            "one input set 512.0 MiB, output 2.0 GiB): shrink the problem's sizes to grade it here")),
     ],
-    ids=["unknown", "not-int", "fits", "no-cap", "over-cap", "wire", "output"],
+    ids=["unknown", "not-int", "fits", "no-cap", "over-cap", "wire", "output", "two-outputs-fit",
+         "two-outputs-over"],
 )  # fmt: skip
 def test_a_problem_too_large_is_refused_with_its_sizes_and_the_knob(
     sizes: dict[str, object], cap: int | None, expected: Refusal | None

@@ -289,7 +289,7 @@ def size_refusal(
 ) -> Refusal | None:
     """A problem that cannot be graded at all, from the reference's meta-device sizes; unknown sizes pass.
 
-    Over the wire's reply frame (one input set and its output, or the output alone), or, where the
+    Over the wire's reply frame (one input set and its output, or the self-check's two outputs), or, where the
     user capped the candidate's memory (``memory_cap_bytes``), over that cap. What the machine can
     give is the memory ledger's to judge (`_grader`), not this function's.
     """
@@ -313,11 +313,11 @@ def size_refusal(
             f"({parts}), over the {_size(max_reply_bytes)} frame the reference sends them in: shrink the "
             "problem's sizes to grade it here"
         )
-    if output is not None and output > max_reply_bytes:
+    if output is not None and 2 * output > max_reply_bytes:
         return Refusal(
-            f"problem output too large: {_size(output)} per call, over the grader's {_size(max_reply_bytes)} "
-            f"reply frame (outputs are compared whole by the supervisor; {parts}): shrink the problem's "
-            "sizes to grade it here"
+            f"problem output too large: {_size(output)} per call, and the reference's self-check sends two "
+            f"in one frame, over the grader's {_size(max_reply_bytes)} (outputs are compared by the "
+            f"supervisor; {parts}): shrink the problem's sizes to grade it here"
         )
     return None
 

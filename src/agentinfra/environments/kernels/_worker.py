@@ -18,8 +18,8 @@ Commands: ``estimate`` (reference only, before ``load``: the bytes of parameters
 inputs and output, from the problem built on torch's meta device, so nothing is
 allocated), ``load`` (build the model), ``mode`` (``eval``: both models in eval
 mode), ``gen`` (reference only: inputs and the expected output for a seed and
-variant; with ``repeat`` the output is computed twice on the same inputs, both
-returned), ``pool_make`` (reference only: the timing inputs of many seeds,
+variant; with ``repeat`` the output is computed twice on the same inputs, and only
+the two outputs are returned), ``pool_make`` (reference only: the timing inputs of many seeds,
 written into the pool file), ``call`` (one call on given inputs),
 ``pool`` (store timing inputs: from the sealed pool file, or from the frame;
 with ``staged``, only their layout), ``stage`` (map the next batch's inputs from its
@@ -291,7 +291,9 @@ class Worker:
             again = self._call([x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
             self._sync()
         tensors: list[TensorBytes] = []
-        encoded = encode_values(inputs, tensors)
+        # the self-check (``repeat``) compares two outputs: its frame carries no inputs, so it
+        # is never larger than a case's (inputs and one output) by more than an output
+        encoded = encode_values(inputs, tensors) if again is None else None
         finite = bool(torch.isfinite(output).all()) if output.is_floating_point() else True
         tensors.append(tensor_to_bytes(output))
         reply: dict[str, Any] = {"inputs": encoded, "finite": finite}

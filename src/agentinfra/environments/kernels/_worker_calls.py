@@ -126,6 +126,13 @@ class WorkerCalls:
         with contextlib.suppress(Exception):
             self.reference.process.wait(timeout=5)
         code = self.reference.process.poll()
+        if (
+            code is None
+        ):  # alive: what it sent could not be read (malformed, or over the frame limit)
+            return blame_problem(Refusal(
+                f"the reference's reply to {header.get('op')} could not be read: {exc}",
+                self.reference.stderr_tail(),
+            ))  # fmt: skip
         killed = code in (-signal.SIGKILL, 128 + signal.SIGKILL)
         why = (
             "it was killed (SIGKILL: most likely the machine ran out of memory; see dmesg)"
