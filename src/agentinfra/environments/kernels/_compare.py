@@ -44,22 +44,25 @@ class Comparison:
 
 
 def _chunks(item: TensorBytes, chunk: int) -> Iterator[np.ndarray[Any, Any]]:
-    """``item``'s elements in runs of ``chunk``: floating dtypes widened to float64, bool as bool,
-    integers as they are (views of the bytes where no widening is needed)."""
-    size = DTYPE_BYTES[item.dtype]
+    """``item``'s elements in runs of ``chunk`` (`_values`)."""
     for start in range(0, item.numel, chunk):
-        count = min(chunk, item.numel - start)
+        yield _values(item, start, min(chunk, item.numel - start))
+
+
+def _values(item: TensorBytes, start: int, count: int) -> np.ndarray[Any, Any]:
+    """``count`` elements of ``item`` from ``start``: floating dtypes widened to float64, bool as
+    bool, integers as they are (views of the bytes). Widening a signalling NaN, as uninitialised
+    memory can hold, is no warning: it is a NaN like any other here."""
+    offset = start * DTYPE_BYTES[item.dtype]
+    with np.errstate(invalid="ignore"):
         if item.dtype == "bfloat16":  # the top half of a float32: widened exactly
-            raw = np.frombuffer(item.data, "<u2", count, start * size).astype("<u4") << 16
-            yield raw.view("<f4").astype(np.float64)
-            continue
-        values = np.frombuffer(item.data, _NUMPY[item.dtype], count, start * size)
+            raw = np.frombuffer(item.data, "<u2", count, offset).astype("<u4") << 16
+            return raw.view("<f4").astype(np.float64)
+        values = np.frombuffer(item.data, _NUMPY[item.dtype], count, offset)
         if item.dtype == "bool":
-            yield values != 0
-        elif values.dtype.kind == "f":
-            yield values.astype(np.float64)
-        else:
-            yield values
+            truth: np.ndarray[Any, Any] = values != 0
+            return truth
+        return values.astype(np.float64) if values.dtype.kind == "f" else values
 
 
 def compare(
