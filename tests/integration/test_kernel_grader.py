@@ -118,9 +118,13 @@ def test_cheats_get_their_expected_outcome_and_blocking_checks(cheat: Path) -> N
     )
     evaluation = asyncio.run(environment.evaluate(Submission(cheat.read_bytes(), name=cheat.name)))
     if evaluation.outcome is Outcome.PASSED:
-        # Only a hack that is harmless under fresh inputs may pass, and then without inflation.
+        # Only a hack that is harmless under fresh inputs may pass, and then without inflation:
+        # its speedup reads about 1x (not its interval's top: six pairs' noise alone once gave
+        # overhead_inflation 1.08x [0.99, 1.57])
         assert evaluation.score_ci is not None
-        assert evaluation.score_ci[1] < 1.5, evaluation.model_dump_json(indent=1)
+        assert evaluation.score is not None
+        assert evaluation.score < 1.5, evaluation.model_dump_json(indent=1)
+        assert evaluation.score_ci[0] < 1.2, evaluation.model_dump_json(indent=1)
     assert evaluation.outcome is not Outcome.GRADER_ERROR, evaluation.error
     assert evaluation.score_unit == "speedup"
     got = {
