@@ -139,14 +139,16 @@ def supervisor_bytes(sizes: ProblemSizes, *, timing_pairs: int, measure_speed: b
     - timing: the planning call's inputs and output, the pool file, a batch's sealed copy for
       each side (`_timing_pool`: made as that side stages it; the copy a worker still maps from
       its previous batch is in that worker's own batch allowance), and an audit's outputs from
-      both sides, at most a batch's.
+      both sides, at most a batch's outputs and at most what a worker's allowance lets its batch
+      hold (`batch_bytes`).
     """
     inputs, output = sizes.inputs_bytes or 0, sizes.output_bytes or 0
     checks = (sizes.params_bytes or 0) + output
     timing = 0
     if measure_speed and inputs:
         pool, batch = largest_plan(inputs, timing_pairs)
-        timing = pool + 2 * batch + 2 * (batch // inputs) * output
+        audited = min((batch // inputs) * output, batch_bytes(sizes))
+        timing = pool + 2 * batch + 2 * audited
     return sizes.entry_bytes + COMPARE_BYTES + max(checks, timing)
 
 
