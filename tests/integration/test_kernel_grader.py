@@ -352,12 +352,19 @@ def test_concurrent_gradings_with_the_same_seed_all_pass() -> None:
 def test_workers_started_without_the_fork_server_grade_alike(
     submission: Path, expected: Outcome
 ) -> None:
-    """The exec path (``fork_server=False``; CUDA and machines without namespaces take it too)."""
+    """The exec path (``fork_server=False``; CUDA and machines without namespaces take it too).
+
+    A cheat may also trip the checks its ``may_also_block`` lists (pool_tamper's thread spins
+    while inputs are staged), which flags it, as in the corpus test."""
     verdict = grade_files(
         PROBLEMS / "02_softmax.py", submission, dataclasses.replace(QUICK, fork_server=False)
     )
+    blocking = {f.check for f in verdict.findings if f.severity == "block"}
+    also = set(EXPECTED_CHEATS.get(submission.stem, {}).get("may_also_block", []))
+    if blocking and blocking <= also:
+        expected = Outcome.HACK_FLAGGED
     assert verdict.outcome is expected, verdict.model_dump_json(indent=1)
-    if expected is Outcome.PASSED:
+    if expected is not Outcome.FAILED:
         assert verdict.speedup is not None
         assert verdict.speedup < 1.5
     assert sandbox_uids() == set(), "a candidate process outlived its grading"

@@ -437,9 +437,10 @@ class _Grading:
         problem_sizes = ProblemSizes.from_header(sizes.header)
         baseline = reference.peak_address_space() if cpu else None
         # what cannot fit this machine at all is refused naming the machine; then the cap, the wire
-        refusal = self.memory.unfit(problem_sizes, baseline) or size_refusal(
+        # the wire's and the cap's limits first: a larger machine would not lift them
+        refusal = size_refusal(
             sizes.header, memory_cap_bytes=self.options.memory_limit_bytes, max_reply_bytes=MAX_REPLY_BYTES
-        )  # fmt: skip
+        ) or self.memory.unfit(problem_sizes, baseline)  # fmt: skip
         if refusal is not None:
             raise blame_problem(refusal)
         self.memory.admit(problem_sizes, baseline)
