@@ -30,11 +30,14 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from agentinfra.errors import ChannelClosedError, ChannelTimeoutError
 from agentinfra.sandbox._forkserver import ForkedProcess
 from agentinfra.sandbox._spec import SandboxMode
 from agentinfra.sandbox._uids import kill_uid, signal_uid
+
+_T = TypeVar("_T")
 
 __all__ = ["JailedProcess", "Spawn", "process_tree"]
 
@@ -137,10 +140,7 @@ class JailedProcess:
         Raises:
             ChannelTimeoutError: nothing arrived before ``deadline``.
         """
-        while True:
-            _wait(self._from, writable=False, deadline=deadline)
-            with contextlib.suppress(BlockingIOError):
-                return os.read(self._from, min(count, _CHUNK_BYTES))
+        return self._when_readable(lambda: os.read(self._from, min(count, _CHUNK_BYTES)), deadline)
 
     def readinto(self, buffer: memoryview, *, deadline: float = float("inf")) -> int:
         """`read` into ``buffer`` (at most its length); the count read, 0 at the process's end.
@@ -148,10 +148,14 @@ class JailedProcess:
         Raises:
             ChannelTimeoutError: nothing arrived before ``deadline``.
         """
+        return self._when_readable(lambda: os.readv(self._from, [buffer[:_CHUNK_BYTES]]), deadline)
+
+    def _when_readable(self, read: Callable[[], _T], deadline: float) -> _T:
+        """``read()`` once the pipe from the process has something, retried if another reader won."""
         while True:
             _wait(self._from, writable=False, deadline=deadline)
             with contextlib.suppress(BlockingIOError):
-                return os.readv(self._from, [buffer[:_CHUNK_BYTES]])
+                return read()
 
     def reader(self, deadline: float) -> _DeadlineReader:
         """A file-like ``read(n)`` that raises `ChannelTimeoutError` past ``deadline``."""

@@ -15,6 +15,7 @@ from agentinfra.environments.kernels._sizing import (
     ProblemSizes,
     admission_bytes,
     memory_plan,
+    supervisor_bytes,
 )
 from agentinfra.environments.kernels._timing import largest_plan, plan_timing
 from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
@@ -74,6 +75,19 @@ def test_the_limit_never_starts_below_what_the_sizes_say_a_worker_holds(peak: in
     assert plan.limit_bytes == floor + (floor - GIB) // 4 + plan.batch_bytes + THREADS
     # no timing, no pool: the self-check's frames beside the parameters kept for the candidate
     assert plan.supervisor_bytes == 16 * MIB + COMPARE_BYTES + GIB + 8 * MIB
+
+
+def test_an_audits_outputs_are_counted_as_a_workers_batch_allowance_holds_them() -> None:
+    """KernelBench level1/7: 16 MiB in, a 4 GiB output. The largest batch the plan makes has 2 calls,
+    8 GiB of outputs; the workers' own sizing holds a batch to `batch_bytes` (one call's entry
+    here), and so does the audit's count."""
+    huge = ProblemSizes(params_bytes=0, inputs_bytes=16 * MIB, output_bytes=4 * GIB)
+    pool, batch = largest_plan(16 * MIB, 20)
+    entry = 16 * MIB + 4 * GIB
+    assert batch // (16 * MIB) * 4 * GIB > entry  # uncapped, the audit would count more
+    assert supervisor_bytes(huge, timing_pairs=20, measure_speed=True) == (
+        entry + COMPARE_BYTES + pool + 2 * batch + 2 * entry
+    )
 
 
 def test_admission_reserves_the_least_the_sizes_say_before_the_reference_runs() -> None:

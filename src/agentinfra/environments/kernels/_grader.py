@@ -436,8 +436,7 @@ class _Grading:
         cpu = self.options.device == "cpu"
         problem_sizes = ProblemSizes.from_header(sizes.header)
         baseline = reference.peak_address_space() if cpu else None
-        # what cannot fit this machine at all is refused naming the machine; then the cap, the wire
-        # the wire's and the cap's limits first: a larger machine would not lift them
+        # the wire's and the cap's limits first (a larger machine would not lift them), then the machine's
         refusal = size_refusal(
             sizes.header, memory_cap_bytes=self.options.memory_limit_bytes, max_reply_bytes=MAX_REPLY_BYTES
         ) or self.memory.unfit(problem_sizes, baseline)  # fmt: skip

@@ -106,15 +106,9 @@ def _read_into(stream: IO[bytes], view: memoryview) -> None:
 
 
 def _read_exactly(stream: IO[bytes], count: int) -> bytes:
-    chunks: list[bytes] = []
-    left = count
-    while left:
-        chunk = stream.read(left)
-        if not chunk:
-            raise WireError(f"stream ended with {left} of {count} bytes unread")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
+    buffer = bytearray(count)
+    _read_into(stream, memoryview(buffer))
+    return bytes(buffer)
 
 
 def _tensor_specs(

@@ -126,9 +126,8 @@ class WorkerCalls:
         with contextlib.suppress(Exception):
             self.reference.process.wait(timeout=5)
         code = self.reference.process.poll()
-        if (
-            code is None
-        ):  # alive: what it sent could not be read (malformed, or over the frame limit)
+        # alive: what it sent could not be read (malformed, or over the frame limit)
+        if code is None:
             return blame_problem(Refusal(
                 f"the reference's reply to {header.get('op')} could not be read: {exc}",
                 self.reference.stderr_tail(),
