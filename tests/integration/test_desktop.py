@@ -97,6 +97,40 @@ async def _calc_observation() -> None:
     assert session.uid not in pids_by_uid()
 
 
+def test_gimp_vlc_and_thunderbird_start_in_the_jail_past_their_first_run_and_die_with_it() -> None:
+    asyncio.run(_shipped_apps())
+
+
+async def _shipped_apps() -> None:
+    async with DesktopSession() as session:
+        await session.start()
+        for command, title in ((["gimp"], "GNU Image Manipulation Program"), (["vlc"], "VLC media player"),
+                               (["thunderbird"], "Mozilla Thunderbird")):  # fmt: skip
+            launched = await session.request("launch", command=command, wait_s=90)
+            assert launched["ok"], (command, launched)
+            assert launched["window"], (command, launched)
+            titles = ""
+            for _ in range(60):  # GIMP shows its splash first, then its main window
+                titles = (
+                    await session.request("execute", command="wmctrl -l", shell=True, timeout=10)
+                )["output"]
+                if title in titles:
+                    break
+                await asyncio.sleep(1)
+            assert title in titles, titles
+            # no first-run question left open: GIMP's profile copied from /etc/gimp, VLC's network question
+            assert "User Installation" not in titles, titles
+            assert "Network Access" not in titles, titles
+        uid = session.uid
+        running = (
+            await session.request(
+                "execute", command="ps -o comm= -u $(id -u)", shell=True, timeout=10
+            )
+        )["output"]
+        assert {"gimp", "vlc", "thunderbird"} <= set(running.split()), running
+    assert uid not in pids_by_uid()
+
+
 def test_scripted_calc_solution_passes_in_every_action_space(tmp_path: Path) -> None:
     task = load_desktop_task(TASKS / "calc-max.json")  # pyautogui space
     solution = task.solution()

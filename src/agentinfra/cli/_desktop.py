@@ -23,6 +23,7 @@ from agentinfra.environments.desktop import (
     load_actions,
     load_desktop_task,
     run_scripted,
+    selected_task_files,
     support,
 )
 from agentinfra.errors import ConfigError
@@ -36,7 +37,8 @@ MirrorOption = Annotated[
     Path | None,
     typer.Option(
         "--mirror",
-        help="Local file mirror (default: AGENTINFRA_DESKTOP_MIRROR, else mirror/ beside the tasks folder).",
+        help="Local file mirror: OSWorld's cache directory as it is (a folder per task) or a flat one "
+        "(default: AGENTINFRA_DESKTOP_MIRROR, else mirror/ beside the tasks folder).",
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output only.")]
@@ -47,7 +49,23 @@ def _mirror(option: Path | None) -> Path | None:
     return option or load_settings().desktop.mirror
 
 
-def _task_files(paths: list[Path]) -> list[Path]:
+TasksOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tasks",
+        help="A task list in OSWorld's format (test_all.json: {domain: [task id]}); PATH is then "
+        "an OSWorld checkout or its evaluation_examples/ folder.",
+    ),
+]
+
+
+def _task_files(paths: list[Path], selection: Path | None = None) -> list[Path]:
+    if selection is not None:
+        if len(paths) != 1 or not paths[0].is_dir():
+            raise ConfigError(
+                f"--tasks {selection} selects from one folder; got {', '.join(map(str, paths))}"
+            )
+        return selected_task_files(paths[0], selection)
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -63,11 +81,12 @@ def _task_files(paths: list[Path]) -> list[Path]:
 
 @desktop_app.command("tasks")
 def tasks_command(paths: Annotated[list[Path], typer.Argument(help="Task files or folders.")],
-                  mirror: MirrorOption = None, as_json: JsonOption = False) -> None:  # fmt: skip
+                  mirror: MirrorOption = None, tasks: TasksOption = None,
+                  as_json: JsonOption = False) -> None:  # fmt: skip
     """List tasks as supported or unsupported here, with the reason."""
     table = Table("task", "supported", "reason", "path")
     mirror = _mirror(mirror)
-    for path in _task_files(paths):
+    for path in _task_files(paths, tasks):
         try:
             task = load_desktop_task(path)
             verdict = support(task, default_mirror(path, mirror))
@@ -145,13 +164,14 @@ def run_command(
 def audit_command(
     paths: Annotated[list[Path], typer.Argument(help="Task files or folders.")],
     mirror: MirrorOption = None,
+    tasks: TasksOption = None,
     desktops: Annotated[int, typer.Option("--desktops", help="Desktops at once.")] = 2,
     as_json: JsonOption = False,
 ) -> None:
     """Flag tasks a do-nothing or FAIL-only episode passes, or whose scripted solution fails."""
     if desktops < 1:
         raise ConfigError(f"--desktops must be at least 1, got {desktops}")
-    rows = audit(_task_files(paths), _mirror(mirror), workers=desktops)
+    rows = audit(_task_files(paths, tasks), _mirror(mirror), workers=desktops)
     table = Table("task", "do-nothing", "FAIL", "solution", "flagged", "reasons")
     for row in rows:
         if as_json:

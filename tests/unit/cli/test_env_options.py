@@ -38,7 +38,7 @@ def test_pairs_and_flags_become_the_models_options() -> None:
          "string as an integer (--env-option)"),
         ("desktop", {}, ["colour=red"],
          "desktop agent option: unknown 'colour'; known: action_space, track, observation, screenshot_width, "
-         "a11y_tokens, desktops, width, height (--env-option)"),
+         "coordinates, a11y_tokens, desktops, width, height (--env-option)"),
         ("desktop", {"observation": "smell"}, [],
          "unknown observation 'smell'; use one of screenshot, a11y, both (--observation)"),
     ],

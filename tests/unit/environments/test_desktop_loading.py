@@ -148,3 +148,10 @@ def test_a_list_command_is_checked_by_its_first_word(tmp_path: Path) -> None:
         _reason(tmp_path, None, **_command(["stat", "-c", "%a", "/home/user/a.sh"], shell=False))
         == ""
     )
+
+
+def test_a_newline_starts_a_command_as_a_semicolon_does(tmp_path: Path) -> None:
+    # OSWorld multi_apps/3680a5ee: an export, then gnome-terminal on the next line
+    step = {"type": "execute", "parameters": {"shell": True, "command":
+            "export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\ngnome-terminal --maximize"}}  # fmt: skip
+    assert "needs GNOME Terminal" in _reason(tmp_path, None, [step])

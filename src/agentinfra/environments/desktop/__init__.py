@@ -30,6 +30,7 @@ from agentinfra.environments.desktop._task import (
     DesktopTask,
     load_desktop_task,
     mirror_path,
+    selected_task_files,
     support,
 )
 
@@ -58,5 +59,6 @@ __all__ = [
     "load_desktop_task",
     "mirror_path",
     "run_scripted",
+    "selected_task_files",
     "support",
 ]

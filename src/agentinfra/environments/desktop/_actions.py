@@ -193,6 +193,15 @@ def _computer_use(action: Any, width: int, height: int) -> Step:
 
     if kind == "screenshot":
         return Step()
+    if kind == "zoom":  # Claude's: a closer look at a region, which the observation shows; no input
+        region = action.get("region")
+        if not isinstance(region, list | tuple) or len(region) != 4:
+            raise ActionError("zoom needs region: [x1, y1, x2, y2]")
+        x1, y1 = _checked_point(region[0], region[1], width, height)
+        x2, y2 = _checked_point(region[2], region[3], width, height)
+        if x2 - x1 < 8 or y2 - y1 < 8:
+            raise ActionError("zoom's region must be at least 8 px each way, x1 < x2 and y1 < y2")
+        return Step()
     if kind == "wait":
         duration = action.get("duration", 1)
         if not isinstance(duration, int | float) or not 0 <= duration <= 60:

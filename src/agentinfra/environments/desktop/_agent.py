@@ -49,7 +49,7 @@ import re
 import stat
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentinfra._atomic import write_atomic
 from agentinfra._journal import Event, Journal
@@ -57,6 +57,13 @@ from agentinfra.agent import ImagePart, TextPart, Tool, ToolResult
 from agentinfra.environments import AgentHooks, AgentSetup, Finding, Submission
 from agentinfra.environments.desktop._a11y import flatten_accessibility
 from agentinfra.environments.desktop._actions import ActionError, plan
+from agentinfra.environments.desktop._coordinates import (
+    convention_for,
+    describe,
+    from_openai,
+    image_size,
+    to_screen,
+)
 from agentinfra.environments.desktop._episode import (
     EpisodeResult,
     finish,
@@ -349,23 +356,49 @@ class DesktopAgent:
 
     # -- observation -----------------------------------------------------------------
     async def _observe(
-        self, session: DesktopSession, note: str, xml: str | None = None
+        self,
+        session: DesktopSession,
+        note: str,
+        xml: str | None = None,
+        *,
+        zoom: list[int] | None = None,
     ) -> ToolResult:
         png, pointer = await session.screenshot()
         if self.options.observation in ("a11y", "both") and xml is None:
             xml = await self._tree(session)
-        return await asyncio.to_thread(self._render, png, pointer, note, xml)
+        return await asyncio.to_thread(self._render, png, pointer, note, xml, zoom)
 
     def _render(
-        self, png: bytes, pointer: tuple[int, int], note: str, xml: str | None
+        self,
+        png: bytes,
+        pointer: tuple[int, int],
+        note: str,
+        xml: str | None,
+        zoom: list[int] | None = None,
     ) -> ToolResult:
-        """The observation's parts: the screenshot downscaled (CPU work: run in a thread), the table."""
+        """The observation's parts: the screenshot downscaled (CPU work: run in a thread), the table.
+        ``zoom`` (screen pixels x1, y1, x2, y2, Claude's zoom): that region alone, at the
+        screenshot's width."""
         from PIL import Image
 
-        width = self.options.screenshot_width
         image = Image.open(io.BytesIO(png))
-        height = round(image.height * width / image.width)
-        if width != image.width:
+        if zoom is not None:
+            crop = image.convert("RGB").crop((zoom[0], zoom[1], zoom[2], zoom[3]))
+            wide = self.options.screenshot_width
+            size = (wide, round(crop.height * wide / crop.width))
+            buffer = io.BytesIO()
+            crop.resize(size, Image.Resampling.LANCZOS).save(buffer, format="PNG")
+            text = (f"{note}\n" if note else "") + (
+                f"zoomed: screen region {zoom[0]},{zoom[1]} to {zoom[2]},{zoom[3]} shown at "
+                f"{size[0]}x{size[1]}; pointer at screen {pointer[0]},{pointer[1]}; coordinates "
+                "still refer to the full screenshot"
+            )
+            zoomed: list[TextPart | ImagePart] = [TextPart(text)]
+            if self.options.observation in ("screenshot", "both"):
+                zoomed.append(ImagePart(buffer.getvalue()))
+            return zoomed
+        width, height = self._image_size(image.width, image.height)
+        if (width, height) != (image.width, image.height):
             buffer = io.BytesIO()
             image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS).save(
                 buffer, format="PNG"
@@ -373,9 +406,8 @@ class DesktopAgent:
             png = buffer.getvalue()
         scale = self.options.width / width
         lines = [note] if note else []
-        mapping = ("the computer tool takes coordinates in the screenshot's pixels (scaled to the screen for you)"
-                   if self.options.action_space == "computer_use" else
-                   "actions take screen coordinates (multiply screenshot pixels by the scale)")  # fmt: skip
+        mapping = (describe(self._convention, (width, height)) if self.options.action_space == "computer_use"
+                   else "actions take screen coordinates (multiply screenshot pixels by the scale)")  # fmt: skip
         lines.append(f"screen {self.options.width}x{self.options.height}; screenshot {width}x{height} "
                      f"(scale {scale:.4g}); pointer at screen {pointer[0]},{pointer[1]}; {mapping}")  # fmt: skip
         if self.options.observation in ("a11y", "both"):
@@ -389,19 +421,60 @@ class DesktopAgent:
         return parts
 
     # -- actions ---------------------------------------------------------------------
+    @property
+    def _convention(self) -> str:
+        return convention_for(self.options.coordinates)
+
+    def _image_size(self, screen_width: int, screen_height: int) -> tuple[int, int]:
+        """The size screenshots are sent at: downscaled to ``screenshot_width``, then as the
+        model's convention resizes them (`_coordinates.image_size`)."""
+        width = self.options.screenshot_width
+        return image_size(self._convention, width, round(screen_height * width / screen_width))
+
     def _scaled(self, action: dict[str, Any]) -> dict[str, Any]:
-        scale = self.options.width / self.options.screenshot_width
+        """A computer-use action with its points mapped from the model's convention to the screen."""
+        screen = (self.options.width, self.options.height)
+        image = self._image_size(*screen)
         scaled = dict(action)
         for key in ("coordinate", "start_coordinate"):
             value = scaled.get(key)
             if (
                 isinstance(value, list)
                 and len(value) == 2
-                and all(isinstance(v, int | float) for v in value)
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
             ):
-                scaled[key] = [min(round(value[0] * scale), self.options.width - 1),
-                               min(round(value[1] * scale), self.options.height - 1)]  # fmt: skip
+                scaled[key] = list(
+                    to_screen(self._convention, value[0], value[1], image=image, screen=screen)
+                )
+        region = scaled.get("region")
+        if (
+            isinstance(region, list)
+            and len(region) == 4
+            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in region)
+        ):
+            first = to_screen(self._convention, region[0], region[1], image=image, screen=screen)
+            last = to_screen(self._convention, region[2], region[3], image=image, screen=screen)
+            scaled["region"] = [*first, *last]
         return scaled
+
+    async def act_batch(self, actions: Any) -> ToolResult:
+        """OpenAI's batched computer actions (``actions: [{"type": ...}]``), run in order; one
+        observation back, after the last. All are checked before any runs."""
+        if not isinstance(actions, list) or not 1 <= len(actions) <= 32:
+            raise ToolError("actions must be a list of 1 to 32 OpenAI computer actions")
+        try:
+            translated = [from_openai(a) for a in actions]
+        except ValueError as exc:
+            raise ToolError(f"{exc}; none of the batch ran") from None
+        result: ToolResult = []
+        for index, action in enumerate(translated):
+            try:
+                result = await self.act(action)
+            except ToolError as exc:
+                raise ToolError(
+                    f"action {index + 1} of {len(translated)}: {exc} (the ones before it ran)"
+                ) from None
+        return result
 
     def _action_log(self) -> ActionLog:
         if self._actions is None:
@@ -460,7 +533,12 @@ class DesktopAgent:
                                 "a11y_sha": a11y_sha, "files": files, **({"error": note} if note else {})})  # fmt: skip
         note = "\n".join(n for n in (self.replay_note, note) if n)
         self.replay_note = ""
-        return await self._observe(session, note, xml)
+        zoom = (
+            action.get("region")
+            if isinstance(action, dict) and action.get("action") == "zoom"
+            else None
+        )
+        return await self._observe(session, note, xml, zoom=zoom)
 
     async def _time_limit(self, action: Any, code: str, error: str) -> str:
         """An action ran past its time limit: the episode ends there, frozen and graded as it stands."""
@@ -573,16 +651,47 @@ _COMPUTER_USE = {
     "properties": {
         "action": {"type": "string", "enum": ["key", "type", "mouse_move", "left_click", "right_click", "middle_click",
                                               "double_click", "triple_click", "left_click_drag", "scroll", "wait",
-                                              "screenshot"]},
+                                              "screenshot", "zoom"]},
         "coordinate": {"type": "array", "items": {"type": "number"}, "description": "[x, y] in screenshot pixels"},
         "start_coordinate": {"type": "array", "items": {"type": "number"}},
         "text": {"type": "string", "description": "text to type, or keys such as ctrl+s"},
         "scroll_direction": {"type": "string", "enum": ["up", "down", "left", "right"]},
         "scroll_amount": {"type": "integer"},
         "duration": {"type": "number"},
+        "region": {"type": "array", "items": {"type": "number"},
+                   "description": "zoom: [x1, y1, x2, y2], the region to see closer"},
     },
     "required": ["action"],
 }  # fmt: skip
+_OPENAI_BATCH = {
+    "type": "object",
+    "properties": {"actions": {"type": "array", "items": {"type": "object"}, "description": (
+        "OpenAI computer actions run in order, one screenshot back: click{x,y,button}, double_click{x,y}, "
+        "drag{path:[{x,y}...]}, move{x,y}, scroll{x,y,scroll_x,scroll_y}, keypress{keys:[...]}, type{text}, "
+        "wait, screenshot; points in screenshot pixels")}},
+    "required": ["actions"],
+}  # fmt: skip
+_POINT = {
+    "screenshot": "[x, y] in screenshot pixels",
+    "smart_resize": "[x, y] in pixels of the screenshot as sent",
+    "grid999": "[x, y] on a 1000x1000 grid over the screen, 0..999",
+    "fraction": "[x, y] as fractions of the screen's width and height, 0..1",
+}
+
+
+def _computer_use_schema(convention: str, coordinates: str) -> dict[str, Any]:
+    """The computer tool's parameters, its points described in the model's convention; for
+    ``coordinates=openai``, OpenAI's batched actions."""
+    if coordinates == "openai":
+        return _OPENAI_BATCH
+    if convention == "screenshot":
+        return _COMPUTER_USE
+    properties: dict[str, Any] = dict(cast(dict[str, Any], _COMPUTER_USE["properties"]))
+    for key in ("coordinate", "start_coordinate"):
+        properties[key] = {**properties[key], "description": _POINT[convention]}
+    return {**_COMPUTER_USE, "properties": properties}
+
+
 _COMPUTER_13 = {
     "type": "object",
     "properties": {
@@ -608,6 +717,8 @@ def desktop_agent_setup(
     agent = DesktopAgent(task, mirror, workspace, hooks, options)
 
     async def computer(args: dict[str, Any]) -> ToolResult:
+        if "actions" in args and "action" not in args:  # OpenAI's GA tool: several actions per call
+            return await agent.act_batch(args["actions"])
         return await agent.act(args)
 
     async def computer_13(args: dict[str, Any]) -> ToolResult:
@@ -630,7 +741,7 @@ def desktop_agent_setup(
 
     action_tool = {
         "computer_use": Tool("computer", "Act on the desktop (computer-use actions); returns the new observation.",
-                             _COMPUTER_USE, computer),
+                             _computer_use_schema(convention_for(options.coordinates), options.coordinates), computer),
         "computer_13": Tool("computer_13", "One OSWorld computer_13 action; returns the new observation.", _COMPUTER_13,
                             computer_13),
         "pyautogui": Tool("pyautogui", f"Run pyautogui code on the desktop ({options.track} track); returns the new "

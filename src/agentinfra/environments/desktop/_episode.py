@@ -40,7 +40,12 @@ from agentinfra.environments.desktop._session import (
     DesktopSession,
     remove_tree,
 )
-from agentinfra.environments.desktop._task import DesktopTask, mirror_path, placeholders
+from agentinfra.environments.desktop._task import (
+    DesktopTask,
+    mirror_file,
+    mirror_hint,
+    placeholders,
+)
 from agentinfra.errors import TaskEnvironmentError
 
 __all__ = [
@@ -131,7 +136,7 @@ def live_postconfig(task: DesktopTask) -> list[tuple[int, dict[str, Any]]]:
 
 
 async def run_setup_step(
-    session: DesktopSession, step: dict[str, Any], mirror: Path | None
+    session: DesktopSession, step: dict[str, Any], mirror: Path | None, *, task_id: str
 ) -> None:
     """Runs one setup/postconfig step; raises `StepFailedError` when it ran and failed, `ControllerError` when
     the desktop did not answer, `TaskEnvironmentError` when it cannot run here."""
@@ -148,12 +153,10 @@ async def run_setup_step(
     if kind == "download":
         for item in params.get("files") or []:
             url, path = str(item["url"]), str(fill(item["path"]))
-            if mirror is None:
-                raise TaskEnvironmentError(f"download of {url} needs a mirror (--mirror DIR)")
-            source = mirror_path(mirror, url)
-            if not source.is_file():
+            source = mirror_file(mirror, url, task_id=task_id, dest=str(item["path"]))
+            if source is None:
                 raise TaskEnvironmentError(
-                    f"{url} is not in the mirror {mirror} (expected {source.name})"
+                    mirror_hint(mirror, url, task_id=task_id, dest=str(item["path"]))
                 )
             reply = await session.write_file(path, source.read_bytes())
             if not reply.get("ok"):
@@ -224,7 +227,7 @@ async def run_setup(session: DesktopSession, task: DesktopTask, mirror: Path | N
     """Runs the task's setup steps in order; the first failure's description (the task's fault), else None."""
     for index, step in enumerate(task.config):
         try:
-            await run_setup_step(session, step, mirror)
+            await run_setup_step(session, step, mirror, task_id=task.id)
         except ControllerError:
             raise  # the desktop, not the task: the episode crashed
         except TaskEnvironmentError as exc:  # a step that failed, or that cannot run here
@@ -379,7 +382,7 @@ async def finish(
         else:
             await asyncio.to_thread(session.kill_after_setup)
             result.facts["postconfig_thaw"] = session.thaw_setup()
-            await _postconfig(session, live, result, mirror)
+            await _postconfig(session, live, result, mirror, task.id)
             if needs_accessibility_tree:
                 try:
                     reply = await session.request("accessibility", max_nodes=5000)
@@ -403,10 +406,11 @@ async def _postconfig(
     live: list[tuple[int, dict[str, Any]]],
     result: EpisodeResult,
     mirror: Path | None,
+    task_id: str,
 ) -> None:
     for index, step in live:
         try:
-            await run_setup_step(session, step, mirror)
+            await run_setup_step(session, step, mirror, task_id=task_id)
         except TaskEnvironmentError as exc:  # a failed step, a controller that is gone
             result.findings.append(Finding(
                 check="postconfig_failed", severity="block",

@@ -121,7 +121,13 @@ from typing import Any
 from agentinfra.environments import Finding, Outcome
 from agentinfra.environments.desktop._episode import EpisodeResult
 from agentinfra.environments.desktop._probe import ProbeCommand, ProbeOutput, run_probe, safe_child
-from agentinfra.environments.desktop._task import DesktopTask, mirror_path
+from agentinfra.environments.desktop._task import (
+    DesktopTask,
+    app_config_path,
+    getter_files,
+    mirror_file,
+    mirror_hint,
+)
 from agentinfra.errors import TaskEnvironmentError, UidExhaustedError
 from agentinfra.sandbox import (
     JailLimits,
@@ -150,6 +156,7 @@ GRADER_DISTRIBUTIONS = (
     "pypdf",
     "lxml",
     "pillow",
+    "numpy",
 )
 """What the grading jail imports (and their declared dependencies)."""
 _EVALUATE = Path(__file__).resolve().parent / "_evaluate.py"
@@ -189,31 +196,37 @@ class DesktopVerdict:
 
 
 def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None, a11y: str | None,
-            probes: list[ProbeCommand]) -> dict[str, Any] | None:  # fmt: skip
+            probes: list[ProbeCommand], task_id: str) -> dict[str, Any] | None:  # fmt: skip
     """A getter spec resolved to what the grading jail reads: a file or a value. A command is added
     to ``probes`` and stands as ``{"kind": "probe", "index"}`` until its output is known."""
     if spec is None:
         return None
     kind = spec["type"]
     if kind == "vm_file":
-        paths = spec["path"]
-        return {"kind": "file", "path": paths}
+        files, single = getter_files(spec)
+        paths = [path for path, _ in files]
+        return {"kind": "file", "path": paths[0] if single else paths}
+    if kind in ("gimp_config_file", "vlc_config"):  # OSWorld's fixed places in the home
+        return {"kind": "file", "path": app_config_path(spec)}
     if kind == "cloud_file":
-        urls = spec["path"] if isinstance(spec["path"], list) else [spec["path"]]
-        given = spec.get("dest")
-        dests: list[Any] = given if isinstance(given, list) else [given] * len(urls)
-        inside = []
-        for index, (url, dest) in enumerate(zip(urls, dests, strict=True)):
-            if mirror is None:
-                raise TaskEnvironmentError(f"expected file {url} needs a mirror (--mirror DIR)")
-            source = mirror_path(mirror, str(url))
-            if not source.is_file():
-                raise TaskEnvironmentError(f"expected file {url} is not in the mirror {mirror}")
-            name = f"{index}_{Path(str(dest or source.name)).name}"
-            shutil.copyfile(source, expected_dir / name)
-            (expected_dir / name).chmod(0o444)
-            inside.append(f"/expected/{name}")
-        return {"kind": "file", "path": inside if isinstance(spec["path"], list) else inside[0]}
+        # All the getter's files in a folder of their own, by their dest names, as OSWorld's
+        # cache holds them: a metric may read one beside the one it is given (sheet_print's CSV).
+        folder = expected_dir / str(len(list(expected_dir.iterdir())))
+        folder.mkdir()
+        given, single = getter_files(spec)
+        inside: dict[tuple[str, str | None], str] = {}
+        for url, dest in getter_files(spec, every=True)[0]:
+            source = mirror_file(mirror, url, task_id=task_id, dest=dest, cloud=True)
+            if source is None:
+                hint = mirror_hint(mirror, url, task_id=task_id, dest=dest, cloud=True)
+                raise TaskEnvironmentError(f"expected file {hint}")
+            name = Path(str(dest)).name if dest else source.name
+            shutil.copyfile(source, folder / name)
+            (folder / name).chmod(0o444)
+            inside[(url, dest)] = f"/expected/{folder.name}/{name}"
+        folder.chmod(0o555)
+        paths = [inside[pair] for pair in given]
+        return {"kind": "file", "path": paths[0] if single else paths}
     if kind == "rule":
         return {"kind": "value", "value": spec.get("rules")}
     if kind == "rule_relativeTime":
@@ -261,8 +274,10 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None,
     try:
         probes: list[ProbeCommand] = []
         a11y = episode.accessibility_xml
-        results = [_getter(s, expected_dir, mirror, a11y, probes) for s in task.specs("result")]
-        expected = [_getter(s, expected_dir, mirror, a11y, probes) for s in task.specs("expected")]
+        results = [_getter(s, expected_dir, mirror, a11y, probes, task.id)
+                   for s in task.specs("result")]  # fmt: skip
+        expected = [_getter(s, expected_dir, mirror, a11y, probes, task.id)
+                    for s in task.specs("expected")]  # fmt: skip
         outputs = run_probe(probes, episode.snapshot, modes=modes, facts=episode.facts)
         request = {
             "funcs": task.funcs,
@@ -339,7 +354,7 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
         for item in (step.get("parameters") or {}).get("files") or []:
             url, path = str(item.get("url", "")), str(item.get("path", ""))
             try:
-                _download_into(snapshot, url, path, mirror, modes)
+                _download_into(snapshot, url, path, mirror, modes, task.id)
             except (TaskEnvironmentError, OSError) as exc:
                 findings.append(Finding(
                     check="postconfig_failed", severity="block",
@@ -349,9 +364,10 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
 
 
 def _download_into(snapshot: Path, url: str, path: str, mirror: Path | None,
-                   modes: dict[str, int]) -> None:  # fmt: skip
-    if mirror is None or not mirror_path(mirror, url).is_file():
-        raise TaskEnvironmentError(f"{url} is not in the mirror ({mirror})")
+                   modes: dict[str, int], task_id: str) -> None:  # fmt: skip
+    source = mirror_file(mirror, url, task_id=task_id, dest=path)
+    if source is None:
+        raise TaskEnvironmentError(mirror_hint(mirror, url, task_id=task_id, dest=path))
     if not path.startswith(HOME_PREFIX):
         raise TaskEnvironmentError(f"{path} is outside {HOME_PREFIX}, the only place snapshotted")
     relative = path[len(HOME_PREFIX) :]
@@ -373,16 +389,20 @@ def _download_into(snapshot: Path, url: str, path: str, mirror: Path | None,
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     with (
         open(os.open(target, flags, 0o644), "wb") as handle,
-        mirror_path(mirror, url).open("rb") as source,
+        source.open("rb") as reading,
     ):
-        shutil.copyfileobj(source, handle)
+        shutil.copyfileobj(reading, handle)
         os.fchmod(handle.fileno(), 0o644)
     modes[relative] = 0o644
 
 
 def _combine(task: DesktopTask, scores: list[float]) -> float:
+    """The checks' scores as OSWorld combines them: ``or`` the best; ``and`` 0 when any check
+    scores 0, else their mean (a task half done by doing nothing is not half rewarded)."""
     if task.evaluator.get("conj", "and") == "or":
         return max(scores)
+    if any(score == 0.0 for score in scores):
+        return 0.0
     return sum(scores) / len(scores)
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from agentinfra._settings import Settings
 from agentinfra.environments.desktop._actions import ACTION_SPACES, TRACKS
+from agentinfra.environments.desktop._coordinates import convention_for
 from agentinfra.errors import ConfigError
 
 __all__ = ["OBSERVATIONS", "DesktopAgentOptions", "DesktopSettings", "desktop_settings"]
@@ -47,6 +48,8 @@ class DesktopAgentOptions(BaseModel):
     track: str = "gui-only"
     observation: str = "both"
     screenshot_width: int = 1280
+    coordinates: str = "screenshot"
+    """The computer tool's coordinate convention, or the model family whose it is (`_coordinates`)."""
     a11y_tokens: int = 4_000
     desktops: int = 2
     width: int = 1920
@@ -69,6 +72,15 @@ class DesktopAgentOptions(BaseModel):
         if not 160 <= self.screenshot_width <= self.width:
             raise ConfigError(
                 f"screenshot width {self.screenshot_width} must be in 160..{self.width} (--screenshot-width)"
+            )
+        try:
+            convention_for(self.coordinates)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.coordinates != "screenshot" and self.action_space != "computer_use":
+            raise ConfigError(
+                f"coordinates={self.coordinates!r} applies to the computer_use action space, not "
+                f"{self.action_space!r}, whose coordinates are the screen's (--env-option coordinates)"
             )
         if self.desktops < 1:
             raise ConfigError(f"--desktops must be at least 1, got {self.desktops}")

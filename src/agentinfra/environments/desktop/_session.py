@@ -76,7 +76,7 @@ _SWEEP_S = 10.0
 DESKTOP_PACKAGES = (
     "xvfb", "openbox", "dbus", "at-spi2-core", "python3-pyatspi", "python3-tk", "python3-venv",
     "xdotool", "wmctrl", "libreoffice-calc", "libreoffice-writer", "libreoffice-impress",
-    "libreoffice-gtk3", "mousepad", "xterm", "fonts-dejavu-core",
+    "libreoffice-gtk3", "mousepad", "xterm", "fonts-dejavu-core", "gimp", "vlc", "thunderbird",
 )  # fmt: skip
 """The Debian packages a desktop needs (scripts/system-deps.sh installs them)."""
 _SYSTEM_PATHS = (
@@ -84,7 +84,7 @@ _SYSTEM_PATHS = (
     "/etc/dbus-1", "/etc/alternatives", "/etc/ld.so.cache", "/etc/xdg", "/etc/gtk-3.0",
     "/etc/mime.types", "/etc/localtime", "/etc/bash.bashrc", "/etc/profile", "/etc/inputrc",
     "/etc/papersize", "/etc/python3", "/etc/python3.11", "/etc/dconf", "/etc/nsswitch.conf",
-    "/etc/terminfo", "/etc/shells", "/var/cache/fontconfig",
+    "/etc/terminfo", "/etc/shells", "/var/cache/fontconfig", "/etc/gimp", "/etc/thunderbird",
 )  # fmt: skip
 """What the desktop sees of the machine, read-only: programs, libraries, fonts and their settings."""
 
@@ -112,9 +112,11 @@ _TEMPLATE = {
     ".Xauthority": "",
     ".bashrc": "PS1='user@desktop:\\w\\$ '\n",
     ".config/libreoffice/4/user/registrymodifications.xcu": _LIBREOFFICE_SETTINGS,
+    ".config/vlc/vlcrc": "qt-privacy-ask=0\nmetadata-network-access=0\n",
 }
 """The pristine home every episode starts from: standard folders, LibreOffice without first-run dialogs
-or the "keep current format" question, an empty X authority file (pyautogui wants one)."""
+or the "keep current format" question, VLC without its first-run network question (the desktop has no
+network), an empty X authority file (pyautogui wants one)."""
 
 
 def desktop_python() -> Path:

@@ -27,17 +27,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentinfra.errors import TaskEnvironmentError
+from agentinfra.environments.desktop._evaluate import METRICS as EVALUATE_METRICS
+from agentinfra.environments.desktop._evaluate import unimplemented_options
+from agentinfra.errors import ConfigError, TaskEnvironmentError
 
 __all__ = [
     "GETTERS",
+    "app_config_path",
     "METRICS",
     "SETUP_TYPES",
     "DesktopTask",
     "Support",
     "load_desktop_task",
+    "getter_files",
+    "mirror_file",
+    "mirror_hint",
     "mirror_path",
     "placeholders",
+    "selected_task_files",
     "support",
 ]
 
@@ -46,11 +53,8 @@ SETUP_TYPES = ("download", "launch", "open", "execute", "command", "sleep", "act
 """Setup and postconfig steps we run."""
 _OSWORLD_SETUP_ONLY = ("chrome_open_tabs", "chrome_close_tabs", "login", "googledrive",
                        "update_browse_history", "proxy", "execute_with_verification")  # fmt: skip
-METRICS = (
-    "compare_table", "compare_pptx_files", "infeasible", "check_include_exclude",
-    "check_direct_json_object", "exact_match", "compare_docx_files", "compare_pdfs",
-    "compare_images", "check_list", "compare_text_file", "compare_csv", "compare_line_spacing",
-)  # fmt: skip
+METRICS = ("infeasible", *EVALUATE_METRICS)
+"""The evaluator funcs implemented here: the grading jail's (`_evaluate.METRICS`) and ``infeasible``."""
 """Metrics we implement (OSWorld's documented semantics, our code)."""
 OSWORLD_METRICS = frozenset((
     # Names only (no code), from OSWorld's desktop_env/evaluators/metrics/__init__.py. The
@@ -102,8 +106,24 @@ OSWORLD_METRICS = frozenset((
 ))  # fmt: skip
 """Every evaluator func OSWorld defines: one we lack is "not implemented", any other is unknown."""
 GETTERS = ("vm_file", "cloud_file", "rule", "rule_relativeTime", "vm_command_line",
-           "accessibility_tree")  # fmt: skip
+           "accessibility_tree", "gimp_config_file", "vlc_config")  # fmt: skip
 """Result and expected getters we implement."""
+
+
+def app_config_path(spec: dict[str, Any]) -> str:
+    """Where OSWorld's ``gimp_config_file`` and ``vlc_config`` getters read, in the home: GIMP
+    2.10's ``file_name`` and VLC's ``vlcrc``."""
+    if spec["type"] == "vlc_config":
+        return "/home/user/.config/vlc/vlcrc"
+    name = str(spec.get("file_name", ""))
+    if not name or name.startswith("/") or ".." in Path(name).parts:
+        raise TaskEnvironmentError(
+            f"gimp_config_file file_name {name!r} is not a file under ~/.config/GIMP/2.10; "
+            "fix the task's getter"
+        )
+    return f"/home/user/.config/GIMP/2.10/{name}"
+
+
 OSWORLD_GETTERS = frozenset((
     # Names only, from OSWorld's desktop_env/evaluators/getters/__init__.py (a getter type T is
     # its function get_T): the union of the stored forks samuellin01/osworld-dag-scheduler
@@ -127,10 +147,9 @@ OSWORLD_GETTERS = frozenset((
 ))  # fmt: skip
 """Every getter type OSWorld defines."""
 _SHIPPED_APPS = {"soffice", "libreoffice", "localc", "lowriter", "loimpress", "mousepad",
-                 "xterm", "bash", "sh", "python3", "python"}  # fmt: skip
+                 "xterm", "bash", "sh", "python3", "python", "gimp", "vlc", "thunderbird"}  # fmt: skip
 _APPS_NOT_SHIPPED = {"google-chrome": "Google Chrome", "chrome": "Google Chrome",
                      "chromium": "a browser with the live web", "code": "VS Code",
-                     "gimp": "GIMP", "vlc": "VLC", "thunderbird": "Thunderbird",
                      "nautilus": "Nautilus", "gnome-terminal": "GNOME Terminal"}  # fmt: skip
 _OFFICE = {".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", ".odt", ".rtf", ".pptx", ".ppt",
            ".odp"}  # fmt: skip
@@ -249,10 +268,129 @@ def load_desktop_task(path: Path) -> DesktopTask:
     return task
 
 
+def selected_task_files(root: Path, selection: Path) -> list[Path]:
+    """The task files a task list (OSWorld's ``test_all.json``: ``{domain: [task id, ...]}``) names,
+    under ``root``: an OSWorld checkout, its ``evaluation_examples/`` or its ``examples/`` folder.
+
+    Raises:
+        ConfigError: the list is not such an object, or names a task file ``root`` lacks.
+    """
+    try:
+        chosen = json.loads(Path(selection).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the task list {selection} (--tasks): {exc}") from exc
+    if not isinstance(chosen, dict) or not all(isinstance(v, list) for v in chosen.values()):
+        raise ConfigError(
+            f"task list {selection} must map each domain to a list of task ids (--tasks)"
+        )
+    root = Path(root)
+    for folder in (root / "evaluation_examples" / "examples", root / "examples", root):
+        if folder.is_dir() and all((folder / d).is_dir() for d in chosen):
+            break
+    else:
+        raise ConfigError(
+            f"{root} has no examples/<domain>/ folders for {sorted(chosen)} (--tasks {selection})"
+        )
+    files = [folder / str(d) / f"{i}.json" for d, ids in chosen.items() for i in ids]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ConfigError(f"task list {selection} names {len(missing)} task file(s) {root} lacks, "
+                          f"first {missing[0]}")  # fmt: skip
+    return files
+
+
 def mirror_path(mirror: Path, url: str) -> Path:
-    """Where the mirror keeps ``url``: ``<uuid5(NAMESPACE_URL, url)>_<basename>``, like OSWorld's cache."""
+    """Where a flat mirror keeps ``url``: ``<uuid5(NAMESPACE_URL, url)>_<basename of the URL>``."""
     name = Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).name or "file"
     return Path(mirror) / f"{uuid.uuid5(uuid.NAMESPACE_URL, url)}_{name}"
+
+
+def _one_name(name: str | None) -> str | None:
+    """``name`` if it is one plain path component (a task id, a file name), else None."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        return None
+    return name
+
+
+def getter_files(
+    spec: dict[str, Any], *, every: bool = False
+) -> tuple[list[tuple[str, str | None]], bool]:
+    """The (path or url, dest) pairs a ``vm_file`` or ``cloud_file`` getter hands its metric, and
+    whether the metric gets one file rather than a list, as OSWorld's getters pick them.
+
+    Without ``multi`` (or with a lone path), the one file. With ``multi``, ``path`` and ``dest``
+    are lists and the metric gets those at ``gives`` (default ``[0]``): one file when exactly one
+    is given, else a list in file order. ``every``: all its files, given or not (OSWorld's
+    ``cloud_file`` fetches them all, and a metric may read one beside the one it is given).
+
+    Raises:
+        TaskEnvironmentError: ``gives`` names a file the lists do not have, or the lists differ.
+    """
+    paths, dests = spec.get("path"), spec.get("dest")
+    if not spec.get("multi") or not isinstance(paths, list):
+        if isinstance(paths, list):  # our own tasks' shorthand: a list without ``multi``
+            return [(str(p), None) for p in paths], False
+        return [(str(paths), None if dests is None else str(dests))], True
+    if not isinstance(dests, list):
+        dests = [dests] * len(paths)
+    if len(dests) != len(paths):
+        raise TaskEnvironmentError(
+            f"{spec.get('type')} getter lists {len(paths)} paths and {len(dests)} dests"
+        )
+    gives = spec.get("gives", [0])
+    if not isinstance(gives, list) or not all(isinstance(g, int) and 0 <= g < len(paths)
+                                              for g in gives):  # fmt: skip
+        raise TaskEnvironmentError(
+            f"{spec.get('type')} getter gives {gives!r}, not indices of its {len(paths)} files"
+        )
+    pairs = [(str(p), None if d is None else str(d)) for p, d in zip(paths, dests, strict=True)]
+    if every:
+        return pairs, False
+    chosen = [pairs[i] for i in sorted(set(gives))]
+    return chosen, len(chosen) == 1
+
+
+def mirror_candidates(mirror: Path, url: str, *, task_id: str, dest: str | None,
+                      cloud: bool = False) -> list[Path]:  # fmt: skip
+    """Where ``mirror`` may keep ``url`` for task ``task_id``, in the order they are tried.
+
+    Two layouts are read. OSWorld's own cache keeps a folder per task: a setup or
+    postconfig download as ``<task id>/<uuid5(NAMESPACE_URL, url)>_<basename of the
+    path it is written to>``, and a ``cloud_file`` getter's file (``cloud=True``) as
+    ``<task id>/<dest>``. agentinfra's flat mirror keeps every file as `mirror_path`
+    names it. A download is never looked up by its bare ``dest``: in OSWorld's cache
+    that name is an expected file's, and the gold must never be written into the home.
+    """
+    found: list[Path] = []
+    folder = _one_name(task_id)
+    base = _one_name(Path(dest).name if dest else None)
+    if folder is not None and base is not None:
+        found.append(Path(mirror) / folder / f"{uuid.uuid5(uuid.NAMESPACE_URL, url)}_{base}")
+        if cloud and _one_name(dest) is not None:
+            found.insert(0, Path(mirror) / folder / str(dest))
+    found.append(mirror_path(mirror, url))
+    return found
+
+
+def mirror_file(mirror: Path | None, url: str, *, task_id: str, dest: str | None,
+                cloud: bool = False) -> Path | None:  # fmt: skip
+    """The mirror's regular file for ``url`` (`mirror_candidates`, first found), or None."""
+    if mirror is None:
+        return None
+    for candidate in mirror_candidates(mirror, url, task_id=task_id, dest=dest, cloud=cloud):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def mirror_hint(mirror: Path | None, url: str, *, task_id: str, dest: str | None,
+                cloud: bool = False) -> str:  # fmt: skip
+    """One line for a file the mirror lacks: the mirror, and the names it was looked up by."""
+    names = mirror_candidates(Path("MIRROR"), url, task_id=task_id, dest=dest, cloud=cloud)
+    where = " or ".join(str(n) for n in names)
+    if mirror is None:
+        return f"{url} needs a mirror (--mirror DIR, AGENTINFRA_DESKTOP_MIRROR); add it as {where}"
+    return f"{url} is not in the mirror ({mirror}); add it as {where}"
 
 
 def placeholders(text: str, width: int, height: int) -> str:
@@ -300,7 +438,8 @@ def _tokens(command: Any, shell: bool) -> list[str]:
         return []
     if not shell:
         return command.split()
-    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    # A newline ends a command as ";" does (inside quotes the replacement stays in the word).
+    lexer = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
         return list(lexer)
@@ -342,16 +481,16 @@ def _command_needs(command: Any, shell: bool) -> str:
     return ""
 
 
-def _step_support(step: dict[str, Any], mirror: Path | None) -> str:
+def _step_support(step: dict[str, Any], mirror: Path | None, task_id: str) -> str:
     """Why one setup or postconfig step cannot run here ("" when it can)."""
     kind, params = step["type"], step.get("parameters") or {}
     if kind in _OSWORLD_SETUP_ONLY:
         return f"setup step {kind!r} needs the live web, a browser or an account"
     if kind == "download":
         for item in params.get("files") or []:
-            url = str(item.get("url", ""))
-            if mirror is None or not mirror_path(mirror, url).is_file():
-                return f"file {url} is not in the mirror ({mirror}); add it as {mirror_path(Path('MIRROR'), url).name}"
+            url, dest = str(item.get("url", "")), str(item.get("path", ""))
+            if mirror_file(mirror, url, task_id=task_id, dest=dest) is None:
+                return "file " + mirror_hint(mirror, url, task_id=task_id, dest=dest)
     if kind in ("launch", "execute", "command"):
         # A shell string is checked by running it (a failed setup step is a finding); only an
         # application we know is absent is named up front. A list's first word is its program.
@@ -389,7 +528,7 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
     if task.raw.get("proxy"):
         return Support(False, "needs the live web through a proxy (proxy: true)")
     for step in [*task.config, *task.postconfig]:
-        reason = _step_support(step, mirror)
+        reason = _step_support(step, mirror, task.id)
         if reason:
             return Support(False, reason)
     reason = _postconfig_support(task)
@@ -398,26 +537,39 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
     for func in task.funcs:
         if func not in METRICS:
             return Support(False, f"not implemented: {func} (an OSWorld evaluator func)")
+    for func, options, result in zip(task.funcs, task.specs("options"), task.specs("result"),
+                                     strict=True):  # fmt: skip
+        missing = unimplemented_options(func, options)
+        if missing:  # ignored, it would grade leniently: a reward for doing nothing
+            return Support(False, f"not implemented: {', '.join(missing)}")
+        if (
+            func == "compare_docx_files"
+            and result
+            and not str(result.get("path")).endswith(".docx")
+        ):
+            return Support(False, "not implemented: compare_docx_files on files other than .docx")
     for key in ("result", "expected"):
         for spec in task.specs(key):
             if spec is None:
                 continue
             if spec["type"] not in GETTERS:
                 return Support(False, f"not implemented: {spec['type']} (an OSWorld {key} getter)")
+            if spec["type"] == "gimp_config_file":
+                try:
+                    app_config_path(spec)
+                except TaskEnvironmentError as exc:
+                    return Support(False, str(exc))
             if spec["type"] == "vm_command_line":
                 reason = _command_needs(spec.get("command"), bool(spec.get("shell")))
                 if reason:
                     return Support(False, reason)
             if spec["type"] == "cloud_file":
-                urls = spec.get("path")
-                for link in urls if isinstance(urls, list) else [urls]:
-                    if mirror is None or not mirror_path(mirror, str(link)).is_file():
-                        return Support(
-                            False, f"expected file {link} is not in the mirror ({mirror})"
-                        )
+                for link, dest in getter_files(spec, every=True)[0]:
+                    if mirror_file(mirror, link, task_id=task.id, dest=dest, cloud=True) is None:
+                        return Support(False, "expected file " + mirror_hint(
+                            mirror, link, task_id=task.id, dest=dest, cloud=True))  # fmt: skip
             if spec["type"] == "vm_file":
-                paths = spec.get("path")
-                for p in paths if isinstance(paths, list) else [paths]:
+                for p, _ in getter_files(spec)[0]:
                     if not str(p).startswith("/home/user/"):
                         return Support(
                             False,
