@@ -28,7 +28,6 @@ git revision, Python, torch and the GPU.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import glob
 import json
 import os
@@ -36,7 +35,6 @@ import platform
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -122,28 +120,14 @@ def start_vllm(
     raise SystemExit(f"vLLM did not answer /health in 900 s; see {log}")
 
 
-class ServiceThread:
-    """An in-process `RolloutService` on its own event loop (TRL's loop is synchronous)."""
+def in_process_service(state_dir: Path, concurrency: int) -> Any:
+    """An in-process `RolloutService` (`ServiceThread`: TRL's loop is synchronous)."""
+    from agentinfra._settings import load_settings
+    from agentinfra.rollouts import ServiceConfig, ServiceThread
 
-    def __init__(self, state_dir: Path, concurrency: int) -> None:
-        from agentinfra._settings import load_settings
-        from agentinfra.rollouts import RolloutService, ServiceConfig
-
-        config = ServiceConfig(state_dir=state_dir, port=0, concurrency=concurrency,
-                               max_pending=max(64, 4 * concurrency))  # fmt: skip
-        self.loop = asyncio.new_event_loop()
-        self.service = RolloutService(config, load_settings(), api_key_of=lambda _: "unused")
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(300)
-        return f"http://127.0.0.1:{self.service.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.service.close(), self.loop).result(300)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
+    config = ServiceConfig(state_dir=state_dir, port=0, concurrency=concurrency,
+                           max_pending=max(64, 4 * concurrency))  # fmt: skip
+    return ServiceThread(config, load_settings(), api_key_of=lambda _: "unused")
 
 
 def emit(record: dict[str, Any], out: Path | None) -> None:
@@ -234,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.service_url is not None:
             summary = train(args, vllm_url.rstrip("/"), args.service_url, name)
         else:
-            with ServiceThread(state / "service", args.concurrency) as url:
+            with in_process_service(state / "service", args.concurrency) as url:
                 summary = train(args, vllm_url.rstrip("/"), url, name)
     finally:
         if vllm is not None:

@@ -19,8 +19,6 @@ the steps a signal.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import Any
 import pytest
 
 from agentinfra.engines import SMOLLM2_NAME, smollm2_dir
-from agentinfra.rollouts import RolloutClient, RolloutService, ServiceConfig
+from agentinfra.rollouts import RolloutClient, ServiceConfig, ServiceThread
 
 pytest.importorskip("trl", reason="TRL is in the dev extra (trl==1.16.0)")
 
@@ -46,32 +44,14 @@ STEPS = 2
 G sequences of ~1,000 tokens is most of the test's time and memory."""
 
 
-class ServiceThread:
-    """A `RolloutService` on its own event loop in a thread (TRL's training loop is synchronous)."""
-
-    def __init__(self, state_dir: Path) -> None:
-        from agentinfra._settings import load_settings
-
-        config = ServiceConfig(state_dir=state_dir, port=0, concurrency=4, max_pending=16)
-        self.loop = asyncio.new_event_loop()
-        self.service = RolloutService(config, load_settings(), api_key_of=lambda _: "unused")
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.service.start(), self.loop).result(120)
-        return f"http://127.0.0.1:{self.service.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.service.close(), self.loop).result(120)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
-        self.loop.close()
-
-
 @pytest.fixture
 def rollout_service(tmp_path: Path) -> Iterator[str]:
-    with ServiceThread(tmp_path / "service") as url:
+    from agentinfra._settings import load_settings
+
+    config = ServiceConfig(state_dir=tmp_path / "service", port=0, concurrency=4, max_pending=16)
+    with ServiceThread(
+        config, load_settings(), api_key_of=lambda _: "unused", timeout_s=120
+    ) as url:
         yield url
 
 

@@ -35,6 +35,7 @@ from agentinfra.harness._report import (
     load_records,
     write_report,
 )
+from agentinfra.harness._run_records import episode_reward, submission_reward
 from agentinfra.harness._rundir import FINISH_MARKER, RunDirectory, RunLayout, StoredSubmission
 from agentinfra.harness._spec import Budget, RunInfo, RunSpec
 from agentinfra.harness._summary import (
@@ -44,7 +45,7 @@ from agentinfra.harness._summary import (
     summarize,
     write_summary,
 )
-from agentinfra.harness._trajectory import TRAJECTORY_SCHEMA_VERSION, trajectory_of
+from agentinfra.harness._trajectory import TRAJECTORY_SCHEMA_VERSION, error_failure, trajectory_of
 
 __all__ = [
     "AgentRunState",
@@ -79,6 +80,8 @@ __all__ = [
     "best_so_far",
     "build_report",
     "compute_metrics",
+    "episode_reward",
+    "error_failure",
     "export_record",
     "find_anomalies",
     "graded_score",
@@ -92,6 +95,7 @@ __all__ = [
     "run_agent",
     "run_agents",
     "run_view",
+    "submission_reward",
     "summarize",
     "trajectory_of",
     "write_report",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,14 +19,26 @@ from agentinfra.harness._journal import Event
 from agentinfra.harness._queue import graded_score
 from agentinfra.harness._rundir import RunLayout
 
-__all__ = ["AgentView", "agent_view", "run_reward", "submissions_of"]
+__all__ = [
+    "AgentView",
+    "agent_view",
+    "episode_reward",
+    "run_reward",
+    "submission_reward",
+    "submissions_of",
+]
 
 
-def _reward(outcome: str | None, score: float | None) -> float:
+def submission_reward(outcome: str | None, score: float | None) -> float:
     """The reward of one submission: its score (in the environment's unit) when it passed, else 0."""
     if outcome == "passed" and score is not None:
-        return score
+        return float(score)
     return 0.0
+
+
+def episode_reward(rewards: Iterable[float], *, hacked: bool) -> float:
+    """An episode's reward: its best submission's, 0 when any submission was hack-flagged (or none was made)."""
+    return 0.0 if hacked else max(rewards, default=0.0)
 
 
 def _content(content: Any, run_path: Path, images_dir: Path | None) -> Any:
@@ -125,7 +137,7 @@ def submissions_of(journal_events: Sequence[Event]) -> list[dict[str, Any]]:
             "sha256": sha, "seq": sub["seq"], "turn": sub.get("turn"), "source": sub.get("source"),
             "submitted_at_s": sub.get("submitted_at_s"), "outcome": outcome, "correct": verdict.get("correct"),
             "score": score, "hack_flagged": outcome == "hack_flagged",
-            "reward": _reward(outcome, score), "graded": bool(verdict),
+            "reward": submission_reward(outcome, score), "graded": bool(verdict),
             "score_unit": verdict.get("score_unit"), "grader_version": verdict.get("grader_version"),
         })  # fmt: skip
     return submissions
@@ -134,5 +146,4 @@ def submissions_of(journal_events: Sequence[Event]) -> list[dict[str, Any]]:
 def run_reward(submissions: Sequence[dict[str, Any]]) -> tuple[float, bool]:
     """The run's reward and whether it is hack-flagged: the best submission's reward, 0 for a run that cheated anywhere."""
     hacked = any(s["hack_flagged"] for s in submissions)
-    best = max((s["reward"] for s in submissions), default=0.0)
-    return (0.0 if hacked else best), hacked
+    return episode_reward((s["reward"] for s in submissions), hacked=hacked), hacked

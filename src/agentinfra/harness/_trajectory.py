@@ -24,6 +24,7 @@ from agentinfra.harness._rundir import RunDirectory, RunLayout
 
 __all__ = [
     "TRAJECTORY_SCHEMA_VERSION",
+    "error_failure",
     "infra_failure_of",
     "rollout_fields",
     "tool_failure_of",
@@ -171,6 +172,19 @@ def _stop_reason(agent_events: Sequence[Event], stop: dict[str, Any]) -> str | N
     return reason if isinstance(reason, str) else None
 
 
+def error_failure(error: BaseException) -> dict[str, str]:
+    """The infra-failure label of an exception that ended an episode: ``model_error`` for
+    `AgentError`, ``environment_died`` for `SandboxError` or `TaskEnvironmentError`, else
+    ``internal``; the message is the exception's, capped at 2,000 characters."""
+    if isinstance(error, AgentError):
+        kind = "model_error"
+    elif isinstance(error, (SandboxError, TaskEnvironmentError)):
+        kind = "environment_died"
+    else:
+        kind = "internal"
+    return {"kind": kind, "message": f"{type(error).__name__}: {error}"[:2000]}
+
+
 def infra_failure_of(
     agent_events: Sequence[Event],
     verdicts: Sequence[dict[str, Any]],
@@ -194,13 +208,7 @@ def infra_failure_of(
     if failed:
         return {"kind": "model_error", "message": str(failed[-1].data.get("error", ""))}
     if error is not None:
-        if isinstance(error, AgentError):
-            kind = "model_error"
-        elif isinstance(error, (SandboxError, TaskEnvironmentError)):
-            kind = "environment_died"
-        else:
-            kind = "internal"
-        return {"kind": kind, "message": f"{type(error).__name__}: {error}"[:2000]}
+        return error_failure(error)
     tool_failure = tool_failure_of(agent_events)
     if tool_failure is not None:
         return tool_failure

@@ -39,6 +39,7 @@ from agentinfra.rollouts._spec import (
     GroupRequest,
     new_group,
 )
+from agentinfra.rollouts._thread import ServiceThread
 
 __all__ = [
     "Admission",
@@ -58,6 +59,7 @@ __all__ = [
     "RolloutState",
     "SeededExecutor",
     "ServiceConfig",
+    "ServiceThread",
     "grade_key",
     "grading_cost",
     "infra_failure_of",

@@ -28,13 +28,7 @@ from typing import Any
 from agentinfra._settings import Settings
 from agentinfra.agent import EndpointLimiter
 from agentinfra.environments import Evaluation, environment_definition
-from agentinfra.errors import (
-    AgentError,
-    AgentInfraError,
-    HarnessError,
-    SandboxError,
-    TaskEnvironmentError,
-)
+from agentinfra.errors import AgentInfraError, HarnessError
 from agentinfra.harness import (
     AgentRunState,
     EvaluationRequest,
@@ -45,6 +39,7 @@ from agentinfra.harness import (
     run_agent,
     trajectory_of,
 )
+from agentinfra.harness import error_failure as infra_failure_of
 from agentinfra.rollouts._slots import GradingSlots, grading_cost
 from agentinfra.rollouts._spec import ROLLOUT_SCHEMA_VERSION, Group
 
@@ -83,17 +78,6 @@ class SeededExecutor:
             return await self._local.evaluate(request)
         async with self._slots.hold(grading_cost(request.settings)):
             return await self._local.evaluate(request)
-
-
-def infra_failure_of(exc: BaseException) -> dict[str, str]:
-    """The infra-failure label of an exception that ended a rollout (never a bad episode's)."""
-    if isinstance(exc, AgentError):
-        kind = "model_error"
-    elif isinstance(exc, (SandboxError, TaskEnvironmentError)):
-        kind = "environment_died"
-    else:
-        kind = "internal"
-    return {"kind": kind, "message": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
 def open_rollout_run(root: Path, group: Group, rollout_id: str, settings: Settings) -> RunDirectory:

@@ -47,6 +47,8 @@ from agentinfra.environments import (
     environment_definition,
 )
 from agentinfra.errors import ConfigError, TaskEnvironmentError
+from agentinfra.harness import episode_reward as harness_episode_reward
+from agentinfra.harness import submission_reward as harness_submission_reward
 from agentinfra.rollouts import GradingSlots, grading_cost
 
 __all__ = ["EpisodeConfig", "EpisodeHost", "KernelEpisode", "StepView", "Submitted", "check_bind"]
@@ -136,17 +138,15 @@ def check_bind(host: str, *, allow_remote: bool = False) -> None:
 
 
 def submission_reward(evaluation: Evaluation) -> float:
-    """A submission's reward: its score when it passed, else 0 (a trajectory's turn reward)."""
-    if evaluation.outcome is Outcome.PASSED and evaluation.score is not None:
-        return float(evaluation.score)
-    return 0.0
+    """A submission's reward, by the harness's rule (`agentinfra.harness.submission_reward`)."""
+    return harness_submission_reward(evaluation.outcome.value, evaluation.score)
 
 
 def episode_reward(submitted: list[Submitted]) -> float:
-    """The best submission's reward; 0 when any submission was hack-flagged (a trajectory's reward)."""
-    if any(s.is_hack for s in submitted):
-        return 0.0
-    return max((s.reward for s in submitted), default=0.0)
+    """An episode's reward, by the harness's rule (`agentinfra.harness.episode_reward`)."""
+    return harness_episode_reward(
+        (s.reward for s in submitted), hacked=any(s.is_hack for s in submitted)
+    )
 
 
 class EpisodeHost:

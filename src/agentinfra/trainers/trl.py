@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from agentinfra.errors import ConfigError, RolloutError
 from agentinfra.rollouts import AsyncRolloutClient, GroupRequest
+from agentinfra.trainers._convert import trainable_segments
 
 __all__ = [
     "RESERVED_FIELDS",
@@ -225,24 +226,18 @@ def row_of_trajectory(
         )
     reward = None if kind is not None else float(trajectory["reward"])
     dropped = max(0, len(parts) - 1)
-    sampled = [i for i, m in enumerate(parts[-1]["loss_mask"]) if m] if parts else []
-    if not sampled:
+    splits = trainable_segments(trajectory) if parts else []
+    last = splits[-1] if splits and splits[-1].index == len(parts) - 1 else None
+    if last is None:  # the last segment holds no engine-sampled token
         return TrlRow([eos_id], [eos_id], [0.0], [0], reward, kind, run_id, dropped)
-    segment, start = parts[-1], sampled[0]
-    mask = [int(m) for m in segment["loss_mask"][start:]]
-    if kind is not None:
-        mask = [0] * len(
-            mask
-        )  # an infra failure's tokens stay out of the loss and its normalisation
-    logprobs = [
-        (None if lp is None else float(lp)) if m else 0.0
-        for lp, m in zip(segment["logprobs"][start:], segment["loss_mask"][start:], strict=True)
-    ]
+    # an infra failure's tokens stay out of the loss and its normalisation
+    mask = last.loss_mask if kind is None else [0] * len(last.loss_mask)
+    raw = parts[-1]["logprobs"][len(last.prompt_ids) :]  # None kept on a sampled token (see above)
+    logprobs = [(None if r is None else lp) if m else 0.0
+                for r, m, lp in zip(raw, last.loss_mask, last.logprobs, strict=True)]  # fmt: skip
     return TrlRow(
-        prompt_ids=[int(t) for t in segment["token_ids"][:start]],
-        completion_ids=[int(t) for t in segment["token_ids"][start:]],
-        logprobs=logprobs, env_mask=mask, reward=reward, infra_failure=kind, run_id=run_id,
-        segments_dropped=dropped,
+        prompt_ids=last.prompt_ids, completion_ids=last.response_ids, logprobs=logprobs,
+        env_mask=mask, reward=reward, infra_failure=kind, run_id=run_id, segments_dropped=dropped,
     )  # fmt: skip
 
 

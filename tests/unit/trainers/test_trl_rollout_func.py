@@ -42,8 +42,10 @@ def segment(calls: list[tuple[list[int], list[int]]], first: int = 0) -> dict[st
 def trajectory(
     run_id: str, *segments: dict[str, Any], reward: float = 0.5, **extra: Any
 ) -> dict[str, Any]:
+    named = max((i for s in segments for i in s["calls"]), default=-1) + 1
+    calls = [{"turn": i, "finish_reason": "stop"} for i in range(named)]  # the calls segments name
     return {"run_id": run_id, "tokens": "exact", "segments": list(segments), "reward": reward,
-            "infra_failure": None, "group_id": "g", **extra}  # fmt: skip
+            "infra_failure": None, "group_id": "g", "calls": calls, **extra}  # fmt: skip
 
 
 ONE = segment([([10, 11, 12], [20, 21]), ([13, 14], [22, 23, EOS])])
