@@ -40,11 +40,17 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def redis_cluster(tmp_path: Path) -> Iterator[list[tuple[int, subprocess.Popen[bytes]]]]:
-    """A 3-node Redis cluster (no replicas) on loopback, created with redis-cli."""
+    """A 3-node Redis cluster (no replicas) on loopback, created with redis-cli.
+
+    Configured as a cache cluster should be: ``cluster-require-full-coverage no``,
+    so that once a dead node is marked failed (2 s here) the others go on serving
+    their own slots instead of answering CLUSTERDOWN for every key.
+    """
     ports = [free_cluster_port() for _ in range(3)]
     nodes = [
         (port, start_redis(tmp_path / f"node{port}", port, "--cluster-enabled", "yes",
-                           "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+                           "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+                           "--cluster-require-full-coverage", "no"))
         for port in ports
     ]  # fmt: skip
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -109,6 +110,11 @@ def test_three_node_cluster_loses_only_the_dead_nodes_blocks(
     dead_port, dead = redis_cluster[1]
     dead.kill()
     dead.wait(10)
+    deadline = time.monotonic() + 15  # read once the others have marked it failed, as in production
+    while time.monotonic() < deadline and b" fail " not in subprocess.run(
+        ["redis-cli", "-p", str(first_port), "cluster", "nodes"], capture_output=True, timeout=5
+    ).stdout.replace(b",fail ", b" fail "):
+        time.sleep(0.2)
     got = tier.get(keys)
     for key, data, found in zip(keys, [d for _, d in items], got, strict=True):
         if key in owners[dead_port]:

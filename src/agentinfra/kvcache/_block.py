@@ -217,8 +217,11 @@ class Block:
         return flat.view(getattr(torch, self.header.dtype)).view(self.header.shape)
 
 
-def parse_block(data: bytes | memoryview, *, expected_key: BlockKey | None = None) -> Block | None:
-    """Decodes a block, verifying its checksum (and key when given).
+def parse_block(
+    data: bytes | memoryview, *, expected_key: BlockKey | None = None, verify: bool = True
+) -> Block | None:
+    """Decodes a block, verifying its checksum (unless ``verify`` is false: bytes verified
+    before, by this process) and its key (when given).
 
     Returns:
         The block, or None when the payload fails its checksum or carries another key.
@@ -229,7 +232,7 @@ def parse_block(data: bytes | memoryview, *, expected_key: BlockKey | None = Non
     view = memoryview(data)
     header = decode_header(view)
     payload = view[HEADER_BYTES:]
-    if checksum(payload) != header.checksum:
+    if verify and checksum(payload) != header.checksum:
         return None
     if expected_key is not None and header.key != expected_key:
         return None

@@ -3,14 +3,20 @@
 Why not streams: ``StreamReader.readexactly`` copies a large payload three times
 (into its buffer, a slice, then ``bytes``). Here small frames are parsed out of
 one read-ahead buffer, and a large payload is received straight into its own
-``bytearray`` with ``recv_into`` (no copy). Writes go piece by piece (header,
-then memoryviews of the stored blocks) because Python 3.11's ``writelines``
-joins its arguments. See docs/decisions/0005-kv-cache-server.md.
+``bytearray`` with ``recv_into`` (no copy). A frame is written with
+``sendmsg``, header and memoryviews of the stored blocks in one gather (Python
+3.11's ``writelines`` joins its arguments, and the transport copies what the
+socket does not take at once); the transport's chunked, flow-controlled writes
+are the fallback. One frame is written at a time: a pipelined client's
+concurrent requests never interleave. See docs/decisions/0005-kv-cache-server.md
+and 0028-kv-load-path.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import Callable, Sequence
 
 from agentinfra.errors import TierUnavailableError
@@ -20,6 +26,8 @@ __all__ = ["FrameConnection"]
 
 _READ_AHEAD = 256 * 1024
 _WRITE_CHUNK = 1024 * 1024
+_GATHER_FROM = 64 * 1024  # smaller frames go through the transport, which sends them at once
+_GATHER = 512  # buffers per sendmsg (IOV_MAX is 1024 on Linux)
 Buffer = bytes | bytearray | memoryview
 
 
@@ -52,6 +60,9 @@ class FrameConnection(asyncio.BufferedProtocol):
         self._failed = False
         self._writable = asyncio.Event()
         self._writable.set()
+        self._sending = asyncio.Lock()
+        self._socket: socket.socket | None = None
+        self._room: asyncio.Future[None] | None = None
         self.closed = False
         self.bytes_received = 0
         self.bytes_sent = 0
@@ -61,8 +72,18 @@ class FrameConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        raw = transport.get_extra_info("socket")
+        if raw is not None and hasattr(socket.socket, "sendmsg"):
+            # A duplicate of the transport's descriptor, for gathered writes (same open file:
+            # non-blocking, closed with the connection).
+            self._socket = socket.socket(
+                raw.family, raw.type, raw.proto, fileno=os.dup(raw.fileno())
+            )
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._failed:  # the rest of the stream is discarded
+            self._scratch_len = 0
+            return memoryview(self._scratch)
         if self._payload is not None:
             return memoryview(self._payload)[self._filled :]
         return memoryview(self._scratch)[self._scratch_len :]
@@ -126,6 +147,12 @@ class FrameConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._writable.set()
+        if self._socket is not None:
+            if self._room is not None:  # a gathered write waits on this descriptor
+                asyncio.get_running_loop().remove_writer(self._socket.fileno())
+                if not self._room.done():
+                    self._room.set_result(None)
+            self._socket.close()
         self._on_lost(exc)
 
     def eof_received(self) -> bool:
@@ -143,13 +170,56 @@ class FrameConnection(asyncio.BufferedProtocol):
                 self.bytes_sent += len(piece)
 
     async def send(self, pieces: Sequence[Buffer]) -> None:
-        """Writes one frame's pieces in chunks, waiting whenever the transport is full.
+        """Writes one frame's pieces, whole, before any other frame; waits while the socket is full."""
+        async with self._sending:
+            views = [memoryview(p).cast("B") for p in pieces if len(p)]
+            if sum(len(v) for v in views) < _GATHER_FROM:  # one small write: one send
+                views = [memoryview(b"".join(views))]
+            elif (
+                self._socket is not None
+                and self.transport is not None
+                and not self.transport.is_closing()
+                and not self.transport.get_write_buffer_size()
+            ):
+                views = await self._gather(views)
+            await self._chunked(views)
 
-        Chunking keeps the transport's own buffer small: handing it a 32 MiB view
-        at once would copy most of it into a fresh (page-faulting) allocation.
-        """
-        for piece in pieces:
-            view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else piece
+    async def _gather(self, views: list[memoryview]) -> list[memoryview]:
+        """Sends with ``sendmsg`` straight from the pieces, waiting for room on the socket;
+        returns what is left for the transport if the socket fails (the transport then reports it)."""
+        assert self._socket is not None
+        loop = asyncio.get_running_loop()
+        fd = self._socket.fileno()
+        while views:
+            try:
+                sent = self._socket.sendmsg(views[:_GATHER])
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                return views
+            self.bytes_sent += sent
+            while sent and views:
+                if sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                else:
+                    views[0], sent = views[0][sent:], 0
+            if views:
+                self._room = room = loop.create_future()
+                loop.add_writer(fd, _wake, room)
+                try:
+                    await room
+                finally:
+                    self._room = None
+                    if not self.closed:
+                        loop.remove_writer(fd)
+                if self.closed:
+                    raise TierUnavailableError("the connection to the kv server is closed")
+        return views
+
+    async def _chunked(self, views: list[memoryview]) -> None:
+        """Through the transport, in chunks: handing it a 32 MiB view at once would copy most
+        of it into a fresh (page-faulting) allocation."""
+        for view in views:
             for start in range(0, len(view), _WRITE_CHUNK):
                 self.write([view[start : start + _WRITE_CHUNK]])
                 if not self._writable.is_set():
@@ -172,3 +242,8 @@ class FrameConnection(asyncio.BufferedProtocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def _wake(room: asyncio.Future[None]) -> None:
+    if not room.done():
+        room.set_result(None)

@@ -232,18 +232,23 @@ class TieredStore:
                 self._misses[reason] += 1
             return blocks
 
-    def try_get_resident(self, keys: Sequence[BlockKey]) -> list[Block] | None:
+    def try_get_resident(
+        self, keys: Sequence[BlockKey], *, verify: bool = True
+    ) -> list[Block] | None:
         """`get` when the store lock is free and every key is in memory; else None at once.
 
         Never waits for the lock and never touches disk or the network: for callers
         on an event loop. Writes it defers (demotions) wait for `flush_deferred`.
+        ``verify=False`` skips the checksum of blocks already in memory (they were
+        verified on the way in): for a caller whose reader verifies them anyway, as
+        every cache client does.
         """
         if not self._lock.acquire(blocking=False):
             return None
         try:
             if not all(key in self._memory for key in keys):
                 return None
-            blocks, reason = self._get(keys)
+            blocks, reason = self._get(keys, verify=verify)
             if reason is not None:
                 self._misses[reason] += 1
             return blocks
@@ -260,13 +265,15 @@ class TieredStore:
         finally:
             self._lock.release()
 
-    def _get(self, keys: Sequence[BlockKey]) -> tuple[list[Block], MissReason | None]:
+    def _get(
+        self, keys: Sequence[BlockKey], *, verify: bool = True
+    ) -> tuple[list[Block], MissReason | None]:
         self._expire()
         self._counts["lookups"] += 1
         blocks: list[Block] = []
         reason: MissReason | None = None
         for position, key in enumerate(keys):
-            block, why = self._read_verified(key, keys[position - 1] if position else None)
+            block, why = self._read_verified(key, keys[position - 1] if position else None, verify)
             if block is None:
                 reason = why
                 break
@@ -288,7 +295,7 @@ class TieredStore:
             return blocks
 
     def _read_verified(
-        self, key: BlockKey, parent: BlockKey | None
+        self, key: BlockKey, parent: BlockKey | None, verify: bool = True
     ) -> tuple[Block | None, MissReason]:
         data = self._memory.get([key])[0]
         from_disk = data is None
@@ -303,7 +310,7 @@ class TieredStore:
         if data is None:
             return None, "evicted" if key in self._history else "never_stored"
         try:
-            block = parse_block(data, expected_key=key)
+            block = parse_block(data, expected_key=key, verify=verify or from_disk)
         except BlockFormatError:
             return None, "format"
         if block is None:

@@ -125,8 +125,11 @@ class Controller:
             handle.write(base64.b64decode(data))
         return {"bytes": os.path.getsize(path)}
 
-    def launch(self, command: list[str] | str, shell: bool, wait_s: float) -> dict[str, Any]:
-        """Starts a program; with ``wait_s``, waits up to that long for a new window, then lets it settle."""
+    def launch(
+        self, command: list[str] | str, shell: bool, wait_s: float, title: str = ""
+    ) -> dict[str, Any]:
+        """Starts a program; with ``wait_s``, waits up to that long for a new window (one whose name holds
+        ``title``, when given: an office suite maps a frame before the document is loaded), then lets it settle."""
         argv = [command] if isinstance(command, str) else list(command)
         if isinstance(command, str) and not shell:
             argv = command.split()
@@ -135,12 +138,19 @@ class Controller:
         deadline = time.monotonic() + wait_s
         appeared = False
         while wait_s and time.monotonic() < deadline:
-            if self._windows() - before:
+            new = self._windows() - before
+            if new and (not title or any(title in self._window_name(w) for w in new)):
                 appeared = True
                 time.sleep(1.0)  # the window maps before the application takes input
                 break
             time.sleep(0.1)
         return {"pid": process.pid, "window": appeared}
+
+    def _window_name(self, window: str) -> str:
+        found = subprocess.run(
+            ["xdotool", "getwindowname", window], capture_output=True, check=False
+        )
+        return found.stdout.decode(errors="replace")
 
     def _windows(self) -> set[str]:
         found = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", "."],
@@ -442,7 +452,10 @@ def main() -> None:
         "start": lambda r: controller.start(int(r["width"]), int(r["height"])),
         "write_file": lambda r: controller.write_file(r["path"], r["data"]),
         "launch": lambda r: controller.launch(
-            r["command"], bool(r.get("shell", False)), float(r.get("wait_s", 0))
+            r["command"],
+            bool(r.get("shell", False)),
+            float(r.get("wait_s", 0)),
+            str(r.get("title", "")),
         ),
         "execute": lambda r: controller.execute(
             r["command"], bool(r.get("shell", False)), float(r.get("timeout", 60))

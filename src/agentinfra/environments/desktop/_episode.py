@@ -175,7 +175,9 @@ async def run_setup_step(
             if suffix in _OFFICE
             else ["mousepad", path]
         )
-        reply = await session.request("launch", command=command, wait_s=20, timeout_s=40)
+        reply = await session.request(
+            "launch", command=command, wait_s=20, timeout_s=40, title=Path(path).name
+        )
         if not reply.get("ok"):
             raise StepFailedError(f"{command[0]} did not start for {path}: {reply.get('error')}")
     elif kind in ("execute", "command"):
