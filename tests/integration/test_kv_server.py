@@ -387,3 +387,37 @@ def test_session_hints_over_the_protocol(server: ServerThread) -> None:
         assert (
             other.session("run-2", "close")["open"] is False
         )  # the connection survived the refusal
+
+
+def test_concurrent_requests_on_one_connection_never_interleave_their_frames(
+    server: ServerThread,
+) -> None:
+    """An engine saves in the background while it loads, on one connection: a large PUT that
+    must wait for the socket may not let a GET's frame in between its pieces."""
+    from agentinfra.kvcache import AsyncCacheClient
+
+    rng = np.random.default_rng(5)
+    big = []
+    for i in range(4):  # 8 MiB each: far more than a loopback socket takes at once
+        ns = Namespace(model_id=f"big-{i}", kv_dtype="float32", block_size_tokens=16)
+        key = block_keys(ns, np.arange(16))[0]
+        big.append((key, encode_block(key, rng.random((32, 2, 16, 8, 128), dtype=np.float32))))
+    keys, blocks = chain(64, seed=6)
+
+    async def run() -> tuple[int, int, int]:
+        client = await AsyncCacheClient.connect("127.0.0.1", server.port)
+        try:
+            await client.put_encoded(list(zip(keys, blocks, strict=True)))
+
+            async def gets() -> int:
+                for _ in range(100):
+                    assert len(await client.get(keys)) == len(keys)
+                return len(keys)
+
+            return await asyncio.gather(
+                client.put_encoded(big), gets(), client.put_encoded(big[::-1])
+            )
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == [4, 4, 4]
