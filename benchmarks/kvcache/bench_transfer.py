@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,10 @@ def _raw_sender(port: int, payload_size: int, ready: Any) -> None:
     srv.close()
 
 
-def raw_socket(size: int, repeat: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def raw_socket_session(size: int) -> Iterator[Callable[[], None]]:
+    """A sender process on loopback; each call of the yielded function receives ``size`` bytes
+    into one reused buffer."""
     port = free_port()
     ready = multiprocessing.Event()
     sender = multiprocessing.Process(target=_raw_sender, args=(port, size, ready))
@@ -118,10 +122,16 @@ def raw_socket(size: int, repeat: int) -> dict[str, Any]:
         while got < size:
             got += sock.recv_into(view[got:])
 
-    result = measure("raw_socket", size, repeat, once)
-    sock.close()
-    sender.join(10)
-    return result
+    try:
+        yield once
+    finally:
+        sock.close()
+        sender.join(10)
+
+
+def raw_socket(size: int, repeat: int) -> dict[str, Any]:
+    with raw_socket_session(size) as once:
+        return measure("raw_socket", size, repeat, once)
 
 
 def server_process(port: int, disk: Path | None) -> subprocess.Popen[bytes]:

@@ -37,7 +37,8 @@ from agentinfra.engines import random_checkpoint, vllm_python
 from agentinfra.kvcache import BlockKey, CacheClient, MemoryTier, ServerThread, TieredStore
 
 _LOADED = re.compile(
-    r"loaded (\d+) blocks \((\d+) bytes\) for request \S+: get ([0-9.]+) s, copy ([0-9.]+) s"
+    r"loaded (\d+) blocks \((\d+) bytes\) for request \S+ in ([0-9.]+) s \([0-9.]+ GB/s; (\d+) GETs, "
+    r"waiting ([0-9.]+) s, verify ([0-9.]+) s, copy ([0-9.]+) s\)"
 )
 
 
@@ -89,14 +90,11 @@ def main() -> None:
                 )
             loads = [m for m in _LOADED.finditer(logs["agentinfra_second"]) if int(m[1]) > 4]
             if loads:
-                blocks, size, get_s, copy_s = (
-                    int(loads[-1][1]),
-                    int(loads[-1][2]),
-                    float(loads[-1][3]),
-                    float(loads[-1][4]),
-                )
-                report["load_path"] = {"blocks": blocks, "bytes": size, "get_s": get_s, "copy_s": copy_s,
-                                       "gb_per_s": round(size / (get_s + copy_s) / 1e9, 3)}  # fmt: skip
+                last = loads[-1]
+                blocks, size, wall_s = int(last[1]), int(last[2]), float(last[3])
+                report["load_path"] = {"blocks": blocks, "bytes": size, "wall_s": wall_s, "gets": int(last[4]),
+                                       "get_wait_s": float(last[5]), "verify_s": float(last[6]),
+                                       "copy_s": float(last[7]), "gb_per_s": round(size / wall_s / 1e9, 3)}  # fmt: skip
                 report["raw_get"] = _raw_get(server.port, blocks, size // blocks)
         finally:
             server.close()

@@ -81,6 +81,9 @@ class ConnectorSettings:
     load: bool = True
     save: bool = True
     max_pending_mib: float = 256.0
+    load_chunk_mib: float = 32.0
+    """Bytes per GET of a load; ``load_depth`` of them in flight, each into its own staging buffer."""
+    load_depth: int = 3
     tool_wait_ttl_s: float = 120.0
     """How long an agent's blocks stay in memory after its turn while it runs tools (session hints)."""
 
@@ -113,9 +116,15 @@ class ConnectorSettings:
                 raise ConfigError(f"token_file {token_file} is empty (kv_connector_extra_config)")
             values["token"] = words[-1]
         try:
-            return cls(**values)
+            settings = cls(**values)
         except TypeError as exc:
             raise ConfigError(f"kv_connector_extra_config: {exc}") from None
+        if not float(settings.load_chunk_mib) > 0 or int(settings.load_depth) < 1:
+            raise ConfigError(
+                f"kv_connector_extra_config load_chunk_mib={settings.load_chunk_mib!r} must be positive "
+                f"and load_depth={settings.load_depth!r} at least 1"
+            )
+        return settings
 
 
 @dataclass
@@ -131,9 +140,16 @@ class ConnectorCounters:
     save_waits: int = 0
     """Lookups held back (answered "ask again") until an earlier request's saves of the same
     blocks had reached the server."""
+    loaded_bytes: int = 0
+    load_wall_s: float = 0.0
+    """The worker's loads, stage by stage (`PagedKVLoader`): wall time, then waiting for GET
+    answers, verifying checksums and copying into the paged cache."""
+    load_get_wait_s: float = 0.0
+    load_verify_s: float = 0.0
+    load_copy_s: float = 0.0
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(vars(self))
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in vars(self).items()}
 
 
 # ---------------------------------------------------------------------- the namespace

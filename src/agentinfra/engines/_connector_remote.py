@@ -37,24 +37,26 @@ class CacheRemote:
         self.loop = asyncio.new_event_loop()
         self._client: AsyncCacheClient | None = None
         self._retry_at = 0.0
+        self._connecting = asyncio.Lock()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="agentinfra-kv", daemon=True
         )
         self._thread.start()
 
     async def _connected(self) -> AsyncCacheClient:
-        if self._client is None:
-            if time.monotonic() < self._retry_at:
-                raise ConnectionError("the kv server was unreachable less than a second ago")
-            try:
-                self._client = await AsyncCacheClient.connect(
-                    self.settings.host, self.settings.port, tenant=self.settings.tenant,
-                    token=self.settings.token, timeout_s=self.settings.timeout_s,
-                )  # fmt: skip
-            except Exception:
-                self._retry_at = time.monotonic() + 1.0
-                raise
-        return self._client
+        async with self._connecting:  # calls in flight at once share one connection
+            if self._client is None:
+                if time.monotonic() < self._retry_at:
+                    raise ConnectionError("the kv server was unreachable less than a second ago")
+                try:
+                    self._client = await AsyncCacheClient.connect(
+                        self.settings.host, self.settings.port, tenant=self.settings.tenant,
+                        token=self.settings.token, timeout_s=self.settings.timeout_s,
+                    )  # fmt: skip
+                except Exception:
+                    self._retry_at = time.monotonic() + 1.0
+                    raise
+            return self._client
 
     def call(self, fn: Callable[[AsyncCacheClient], Awaitable[_T]]) -> Future[_T]:
         async def run() -> _T:
@@ -80,6 +82,8 @@ class CacheRemote:
             asyncio.run_coroutine_threadsafe(shut(), self.loop).result(2)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(2)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 async def begin_session(

@@ -81,11 +81,11 @@ from agentinfra.engines._connector_plan import (
     SaveTracker,
 )
 from agentinfra.engines._connector_remote import CacheRemote, begin_session
+from agentinfra.engines._kv_loader import PagedKVLoader
 from agentinfra.errors import ConfigError
 from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
     AsyncCacheClient,
-    Block,
     BlockKey,
     Namespace,
     encode_block,
@@ -217,6 +217,7 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         """Finished requests whose saves the worker has not yet confirmed (blocks held by vLLM)."""
         # worker side
         self._layers: list[torch.Tensor] = []
+        self._loader: PagedKVLoader | None = None
         self._block_dim = 0
         self._load_errors: set[int] = set()
         self._saves = SaveTracker(self.settings.max_pending_mib * (1 << 20))
@@ -384,6 +385,10 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self._block_dim = dim
         self._layers = layers
+        self._loader = PagedKVLoader(
+            layers, dim, self.remote.call, timeout_s=self.settings.timeout_s,
+            chunk_bytes=int(self.settings.load_chunk_mib * (1 << 20)), depth=int(self.settings.load_depth),
+        )  # fmt: skip
         log.info(
             "AgentinfraConnector: %d layers of KV %s, blocks on dim %d",
             len(layers),
@@ -415,51 +420,32 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self._load(req_id, [BlockKey(k) for k in raw_keys], block_ids)
 
     def _load(self, req_id: str, keys: list[BlockKey], block_ids: list[int]) -> None:
-        """One request's GET, verified blocks copied in up to the first bad one; the rest reported."""
-        started = time.perf_counter()
-        try:
-            blocks = self._get(keys)
-        except Exception:  # unreachable, dropped or timed out: recomputed, counted
-            blocks = []
-        fetched = time.perf_counter()
-        loaded = 0
-        for index, block_id in enumerate(block_ids):
-            if index < len(blocks) and self._copy_in(blocks[index], block_id):
-                loaded += 1
-                continue
-            self._load_errors.update(block_ids[index:])
-            break
-        self.counters.loaded_blocks += loaded
-        size = sum(b.header.payload_bytes for b in blocks[:loaded])
+        """One request's load (`PagedKVLoader`): verified blocks copied in up to the first bad one;
+        the rest reported, and vLLM recomputes them."""
+        assert self._loader is not None  # start_load_kv runs only once caches are registered
+        report = self._loader.load(keys, block_ids)
+        counters = self.counters
+        counters.loaded_blocks += report.loaded
+        counters.loaded_bytes += report.bytes
+        counters.load_wall_s += report.wall_s
+        counters.load_get_wait_s += report.get_wait_s
+        counters.load_verify_s += report.verify_s
+        counters.load_copy_s += report.copy_s
         log.info(
-            "AgentinfraConnector: loaded %d blocks (%d bytes) for request %s: get %.4f s, copy %.4f s",
-            loaded, size, req_id, fetched - started, time.perf_counter() - fetched,
+            "AgentinfraConnector: loaded %d blocks (%d bytes) for request %s in %.4f s (%.2f GB/s; "
+            "%d GETs, waiting %.4f s, verify %.4f s, copy %.4f s)",
+            report.loaded, report.bytes, req_id, report.wall_s, report.gb_per_s, report.chunks,
+            report.get_wait_s, report.verify_s, report.copy_s,
         )  # fmt: skip
-        if loaded < len(block_ids):
-            self.counters.load_errors += len(block_ids) - loaded
+        if report.loaded < len(block_ids):
+            self._load_errors.update(block_ids[report.loaded :])
+            counters.load_errors += len(block_ids) - report.loaded
             log.warning(
-                "AgentinfraConnector: %d of %d blocks of request %s did not load (missing, corrupt or "
-                "unreachable); vLLM recomputes them. load_errors=%d",
-                len(block_ids) - loaded, len(block_ids), req_id, self.counters.load_errors,
+                "AgentinfraConnector: %d of %d blocks of request %s did not load (%s); vLLM recomputes "
+                "them. load_errors=%d",
+                len(block_ids) - report.loaded, len(block_ids), req_id,
+                report.failure or "fewer keys than blocks", counters.load_errors,
             )  # fmt: skip
-
-    def _get(self, keys: list[BlockKey]) -> list[Block]:
-        return self.remote.call(lambda client: client.get(keys)).result(self.settings.timeout_s + 1)
-
-    def _copy_in(self, block: Block, block_id: int) -> bool:
-        first = self._block(self._layers[0], block_id)
-        if not plans.is_loadable(
-            block.header,
-            payload_bytes=first.numel() * first.element_size() * len(self._layers),
-            dtype=str(first.dtype).removeprefix("torch."),
-        ):
-            return False
-        flat = torch.frombuffer(block.payload, dtype=torch.uint8).view(first.dtype)
-        per_layer = first.numel()
-        for index, layer in enumerate(self._layers):
-            target = self._block(layer, block_id)
-            target.copy_(flat[index * per_layer : (index + 1) * per_layer].view(target.shape))
-        return True
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

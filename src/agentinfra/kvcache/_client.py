@@ -177,14 +177,20 @@ class AsyncCacheClient:
         return decode_u32(await self._request(Op.LEADING_HITS, [encode_keys(keys)]))
 
     async def get(
-        self, keys: Sequence[BlockKey], *, into: bytearray | memoryview | None = None
+        self,
+        keys: Sequence[BlockKey],
+        *,
+        into: bytearray | memoryview | None = None,
+        verify: bool = True,
     ) -> list[Block]:
         """The verified leading run of ``keys``.
 
         ``into``: a buffer the answer is received into without another allocation
         (an engine's staging buffer); the blocks are views of it, valid until the
         buffer is reused. Too small a buffer is ignored. A run larger than the
-        server's maximum frame comes back in several answers.
+        server's maximum frame comes back in several answers. ``verify=False``
+        checks keys but leaves the checksums to the caller, who must check every
+        block before using it (`PagedKVLoader` does, in its own thread).
         """
         blocks: list[Block] = []
         while len(blocks) < len(keys):
@@ -192,7 +198,7 @@ class AsyncCacheClient:
             views = decode_blocks(await self._request(Op.GET, [encode_keys(wanted)], into))
             into = None  # the first answer's blocks live there
             for key, view in zip(wanted, views, strict=False):
-                block = parse_block(view, expected_key=key)
+                block = parse_block(view, expected_key=key, verify=verify)
                 if block is None:
                     return blocks
                 blocks.append(block)
@@ -315,9 +321,13 @@ class CacheClient:
         return self._run(self._client.leading_hits(keys))
 
     def get(
-        self, keys: Sequence[BlockKey], *, into: bytearray | memoryview | None = None
+        self,
+        keys: Sequence[BlockKey],
+        *,
+        into: bytearray | memoryview | None = None,
+        verify: bool = True,
     ) -> list[Block]:
-        return self._run(self._client.get(keys, into=into))
+        return self._run(self._client.get(keys, into=into, verify=verify))
 
     def put_encoded(self, items: Sequence[tuple[BlockKey, bytes | bytearray | memoryview]]) -> int:
         return self._run(self._client.put_encoded(items))
