@@ -10,8 +10,11 @@ the vLLM connector stores it):
 - ``raw_get_prefix``: one GET of a whole ~96 MiB prefix into a reused buffer:
   the ceiling of a connector load.
 - ``loader``: `PagedKVLoader` (the connector's load) of the same prefix into
-  paged torch KV tensors shaped as vLLM's CPU backend holds them, over
-  `CacheRemote` (the connector's background loop thread), with its stages.
+  paged torch KV tensors shaped as vLLM's CPU backend holds them, received in
+  place by a `BlockReader`, with its stages;
+- ``loader_staged``: the same through staging buffers over `CacheRemote` (the
+  connector's background loop thread): the path for caches that are not
+  contiguous CPU tensors;
 - ``loader_before``: the load as the connector did it before (one GET into a
   fresh buffer, then one copy per layer and block), for comparison.
 
@@ -47,6 +50,7 @@ from agentinfra.engines._connector_remote import CacheRemote
 from agentinfra.engines._kv_loader import PagedKVLoader
 from agentinfra.kvcache import AsyncCacheClient, BlockKey, Namespace, block_keys, encode_block
 from agentinfra.kvcache._block import LAYOUT_ENGINE_NATIVE
+from agentinfra.kvcache._reader import BlockReader
 
 MiB = 1 << 20
 TOKENS, HEADS, DIM = 16, 8, 128  # a 16-token block of 8 KV heads of 128: 64 KiB per layer in fp16
@@ -110,14 +114,16 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
 
     remote = CacheRemote(ConnectorSettings(port=port, timeout_s=60), ConnectorCounters())
     layers = paged(layer_count, len(keys) + 8)
-    loader = PagedKVLoader(layers, 1, remote.call, timeout_s=60)
+    loader = PagedKVLoader(layers, 1, remote.call, timeout_s=60,
+                           connect=lambda: BlockReader("127.0.0.1", port, timeout_s=60))  # fmt: skip
+    staged = PagedKVLoader(layers, 1, remote.call, timeout_s=60)
     ids = list(range(len(keys)))
-    reports = []
+    reports: dict[str, list[Any]] = {"loader": [], "loader_staged": []}
 
-    def load() -> None:
-        report = loader.load(keys, ids)
+    def load(which: PagedKVLoader = loader, name: str = "loader") -> None:
+        report = which.load(keys, ids)
         assert report.loaded == len(keys), report.failure
-        reports.append(report)
+        reports[name].append(report)
 
     def load_before() -> None:
         assert before(remote, layers, keys) == len(keys)
@@ -129,14 +135,21 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
             "client_get_8": (lambda: get(eight, small), 8 * encoded, ops),
             "raw_get_prefix": (lambda: get(keys, whole), len(keys) * encoded, max(2, ops // 40)),
             "loader": (load, len(keys) * encoded, max(2, ops // 40)),
+            "loader_staged": (
+                lambda: load(staged, "loader_staged"),
+                len(keys) * encoded,
+                max(2, ops // 40),
+            ),
             "loader_before": (load_before, len(keys) * encoded, max(2, ops // 40)),
         }
         for op, _, _ in paths.values():
             op()  # warm: connections, staging buffers, page faults
-        reports.clear()
+        for kept in reports.values():
+            kept.clear()
         for _ in range(rounds):
             for name, (op, size, count) in paths.items():
                 per_round.setdefault(name, []).append(size / timed(op, count) / 1e9)
+    loader.close()
     remote.close()
     loop.run_until_complete(client.close())
     loop.close()
@@ -144,6 +157,7 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
     ratios = {
         "client_get_8": "raw_socket_8",
         "loader": "raw_get_prefix",
+        "loader_staged": "raw_get_prefix",
         "loader_before": "raw_get_prefix",
     }
     for name, speeds in per_round.items():
@@ -155,13 +169,15 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
         if name in ratios:
             base = per_round[ratios[name]]
             row["of"] = ratios[name]
-            row["ratio"] = round(statistics.median(s / b for s, b in zip(speeds, base, strict=True)), 3)
-        if name == "loader":
+            row["ratio"] = round(
+                statistics.median(s / b for s, b in zip(speeds, base, strict=True)), 3
+            )
+        if name in reports:
             row["stages_s"] = {
-                stage: round(statistics.median(getattr(r, stage) for r in reports), 4)
+                stage: round(statistics.median(getattr(r, stage) for r in reports[name]), 4)
                 for stage in ("wall_s", "get_wait_s", "verify_s", "copy_s")
             }
-            row["gets_per_load"] = reports[-1].chunks
+            row["gets_per_load"] = reports[name][-1].chunks
         rows.append(row)
     return rows
 

@@ -2,9 +2,14 @@
 
 The worker half of a connector's load, without vLLM (torch and the cache client
 only), so that the load path is measured and tested on its own
-(benchmarks/kvcache/bench_load_path.py). What it does for one request:
+(benchmarks/kvcache/bench_load_path.py). Two paths:
 
-- the keys go out in chunks of about ``chunk_bytes``, ``depth`` GETs in flight on
+- **In place** (CPU caches whose layers are contiguous, as vLLM's CPU backend
+  allocates them): a `BlockReader` on the worker's own blocking connection
+  receives each block's payload straight into the slices of the paged cache
+  that block occupies (``recvmsg_into``), then verifies it there. No staging
+  buffer and no copy: the socket's copy is the only one.
+- **Staged** (any other cache, a GPU's included): the keys go out in chunks of about ``chunk_bytes``, ``depth`` GETs in flight on
   the connector's connection, each answer received straight into a reused,
   pre-faulted staging buffer (a fresh 100 MB buffer page-faults at about 2 GB/s
   on the dev machine, below the socket);
@@ -14,6 +19,9 @@ only), so that the load path is measured and tested on its own
   block;
 - a bad or missing block ends the load there: the blocks before it are loaded,
   the rest are reported for recompute; nothing after it is copied.
+
+Either way a block that fails ends the load there, and the blocks from it on are
+reported for recompute (in place, a failed block's slots hold garbage until then).
 
 Every stage is timed (`LoadReport`): waiting for GETs, verifying, copying.
 See docs/decisions/0028-kv-load-path.md.
@@ -30,9 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from agentinfra.engines._connector_plan import is_loadable
-from agentinfra.errors import ConfigError
+from agentinfra.errors import ConfigError, TierUnavailableError
 from agentinfra.kvcache import AsyncCacheClient, Block, BlockKey
-from agentinfra.kvcache._block import HEADER_BYTES, checksum
+from agentinfra.kvcache._block import HEADER_BYTES, BlockHeader, checksum
+from agentinfra.kvcache._reader import BlockReader
 
 __all__ = ["LoadReport", "PagedKVLoader"]
 
@@ -60,14 +69,16 @@ class LoadReport:
 
 
 Call = Callable[[Callable[[AsyncCacheClient], object]], Future[list[Block]]]
+Connect = Callable[[], BlockReader]
 
 
 class PagedKVLoader:
     """Loads blocks into ``layers`` (one tensor per layer, blocks on ``block_dim``).
 
     ``call`` runs a coroutine function on the connection's loop and returns a Future
-    (`CacheRemote.call`). A block holds every layer's block, layer after layer, each
-    as the engine holds it (the engine-native layout the connector saves).
+    (`CacheRemote.call`), for the staged path; ``connect`` opens a `BlockReader`, for
+    the in-place path (None: always staged). A block holds every layer's block, layer
+    after layer, each as the engine holds it (the engine-native layout the connector saves).
     """
 
     def __init__(
@@ -79,6 +90,7 @@ class PagedKVLoader:
         timeout_s: float,
         chunk_bytes: int = 32 * 1024 * 1024,
         depth: int = 3,
+        connect: Connect | None = None,
     ) -> None:
         if not layers:
             raise ConfigError("PagedKVLoader needs at least one KV layer")
@@ -100,6 +112,16 @@ class PagedKVLoader:
         self.per_chunk = max(1, chunk_bytes // self.stride)
         self._staging: list[bytearray] = []
         self._bases: list[torch.Tensor] = []
+        self._connect = connect
+        self._reader: BlockReader | None = None
+        self._retry_at = 0.0
+        self._flat = _flat_views(self.layers) if connect is not None else None
+        self.path = "in-place" if self._flat is not None else "staged"
+        if self._flat is not None:
+            shape = self.layers[0].shape
+            self._outer = int(torch.Size(shape[:block_dim]).numel())
+            self._blocks = int(shape[block_dim])
+            self._inner = int(torch.Size(shape[block_dim + 1 :]).numel()) * first.element_size()
 
     def _buffers(self) -> list[bytearray]:
         if not self._staging:
@@ -113,6 +135,63 @@ class PagedKVLoader:
         return self._staging
 
     def load(self, keys: Sequence[BlockKey], block_ids: Sequence[int]) -> LoadReport:
+        if self._flat is not None:
+            return self._load_in_place(keys, block_ids)
+        return self._load_staged(keys, block_ids)
+
+    def _regions(self, block_id: int) -> list[memoryview]:
+        """Where block ``block_id`` lives, in the order the block's payload holds it."""
+        assert self._flat is not None
+        inner, blocks = self._inner, self._blocks
+        return [
+            flat[(outer * blocks + block_id) * inner : (outer * blocks + block_id + 1) * inner]
+            for flat in self._flat
+            for outer in range(self._outer)
+        ]
+
+    def _load_in_place(self, keys: Sequence[BlockKey], block_ids: Sequence[int]) -> LoadReport:
+        report = LoadReport()
+        started = time.perf_counter()
+        count = min(len(keys), len(block_ids))
+        dtype = str(self.dtype).removeprefix("torch.")
+
+        def accept(header: BlockHeader) -> bool:
+            return is_loadable(header, payload_bytes=self.payload_bytes, dtype=dtype)
+
+        try:
+            reader = self._reader_now()
+            read = reader.read_into(
+                keys[:count], lambda i: self._regions(block_ids[i]), payload_bytes=self.payload_bytes,
+                chunk_blocks=self.per_chunk, depth=self.depth, accept=accept,
+            )  # fmt: skip
+        except TierUnavailableError as exc:  # unreachable, dropped or timed out: recomputed
+            self._reader = None
+            report.failure = f"unreachable: {exc}"
+        else:
+            report.loaded, report.bytes, report.chunks = read.verified, read.bytes, read.requests
+            report.get_wait_s, report.verify_s = read.receive_s, read.verify_s
+            report.failure = read.failure
+        report.wall_s = time.perf_counter() - started
+        return report
+
+    def _reader_now(self) -> BlockReader:
+        if self._reader is None:
+            assert self._connect is not None
+            if time.monotonic() < self._retry_at:
+                raise TierUnavailableError("the kv server was unreachable less than a second ago")
+            try:
+                self._reader = self._connect()
+            except TierUnavailableError:
+                self._retry_at = time.monotonic() + 1.0
+                raise
+        return self._reader
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _load_staged(self, keys: Sequence[BlockKey], block_ids: Sequence[int]) -> LoadReport:
         report = LoadReport()
         started = time.perf_counter()
         buffers = self._buffers()
@@ -189,7 +268,9 @@ class PagedKVLoader:
                 per_layer = self.layer_bytes // self.layers[0].element_size()
                 for index, layer in enumerate(self.layers):
                     target = layer.select(self.block_dim, block_id)
-                    target.copy_(flat[index * per_layer : (index + 1) * per_layer].view(target.shape))
+                    target.copy_(
+                        flat[index * per_layer : (index + 1) * per_layer].view(target.shape)
+                    )
             return
         assert base is not None
         ids = torch.tensor(list(block_ids), dtype=torch.long)
@@ -211,3 +292,10 @@ class PagedKVLoader:
             except Exception:
                 if not future.done():
                     self._staging, self._bases = [], []
+
+
+def _flat_views(layers: Sequence[torch.Tensor]) -> list[memoryview] | None:
+    """Each layer's bytes as one writable memoryview; None unless every layer is a contiguous CPU tensor."""
+    if not all(layer.device.type == "cpu" and layer.is_contiguous() for layer in layers):
+        return None
+    return [memoryview(layer.view(-1).view(torch.uint8).numpy()).cast("B") for layer in layers]

@@ -90,6 +90,7 @@ from agentinfra.kvcache import (
     Namespace,
     encode_block,
 )
+from agentinfra.kvcache._reader import BlockReader
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -385,15 +386,22 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             )
         self._block_dim = dim
         self._layers = layers
+        settings = self.settings
+
+        def connect() -> BlockReader:
+            return BlockReader(settings.host, settings.port, tenant=settings.tenant,
+                               token=settings.token, timeout_s=settings.timeout_s)  # fmt: skip
+
         self._loader = PagedKVLoader(
-            layers, dim, self.remote.call, timeout_s=self.settings.timeout_s,
-            chunk_bytes=int(self.settings.load_chunk_mib * (1 << 20)), depth=int(self.settings.load_depth),
+            layers, dim, self.remote.call, timeout_s=settings.timeout_s, connect=connect,
+            chunk_bytes=int(settings.load_chunk_mib * (1 << 20)), depth=int(settings.load_depth),
         )  # fmt: skip
         log.info(
-            "AgentinfraConnector: %d layers of KV %s, blocks on dim %d",
+            "AgentinfraConnector: %d layers of KV %s, blocks on dim %d, loads %s",
             len(layers),
             shape,
             self._block_dim,
+            self._loader.path,
         )
 
     def _block(self, layer: torch.Tensor, block_id: int) -> torch.Tensor:
@@ -513,4 +521,6 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             self.role.name,
             json.dumps(self.counters.as_dict()),
         )
+        if self._loader is not None:
+            self._loader.close()
         self.remote.close()

@@ -157,8 +157,11 @@ def encode_block(key: BlockKey, kv: Any, *, layout: int = LAYOUT_LAYER_KV_TOKEN_
     return header + raw
 
 
-def decode_header(data: bytes | memoryview) -> BlockHeader:
-    """Decodes and checks the fixed header of a block.
+def decode_header(
+    data: bytes | bytearray | memoryview, *, length: int | None = None
+) -> BlockHeader:
+    """Decodes and checks the fixed header of a block (``length``: the whole block's size, when
+    ``data`` holds only the header because the payload is received elsewhere).
 
     Raises:
         BlockFormatError: not a block, another format version, or sizes that do not add up.
@@ -181,10 +184,9 @@ def decode_header(data: bytes | memoryview) -> BlockHeader:
     dtype, width = DTYPES[dtype_code]
     if layers * 2 * tokens * heads * head_dim * width != payload_bytes:
         raise BlockFormatError(f"payload size {payload_bytes} does not match the header's shape")
-    if len(data) != HEADER_BYTES + payload_bytes:
-        raise BlockFormatError(
-            f"block is {len(data)} bytes, header says {HEADER_BYTES + payload_bytes}"
-        )
+    size = len(data) if length is None else length
+    if size != HEADER_BYTES + payload_bytes:
+        raise BlockFormatError(f"block is {size} bytes, header says {HEADER_BYTES + payload_bytes}")
     return BlockHeader(
         dtype, layers, tokens, heads, head_dim, payload_bytes, digest, BlockKey(bytes(key)), layout
     )
