@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "script", ["bench_lookup.py", "bench_replay.py", "bench_transfer.py", "bench_get_under_put.py"]
-)
+    "script",
+    ["bench_lookup.py", "bench_replay.py", "bench_transfer.py", "bench_get_under_put.py",
+     "bench_load_path.py"],
+)  # fmt: skip
 def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     args = [sys.executable, script, "--smoke"]
     if script == "bench_replay.py":
@@ -41,6 +43,15 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
         paths = {r["path"] for r in records}
         assert {"raw_socket", "server_get_into", "redis_tier_get", "disk_tier_get_into"} <= paths
         assert all(r["gb_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in records)
+    elif script == "bench_load_path.py":
+        paths = {(r["block_bytes"], r["path"]) for r in records}
+        expected = {"raw_socket_8", "client_get_8", "raw_get_prefix", "loader", "loader_staged",
+                    "loader_before"}  # fmt: skip
+        assert paths == {(size, p) for size in (256 * 1024, 2 << 20) for p in expected}
+        for r in records:
+            assert r["gb_per_s_min"] <= r["gb_per_s"] <= r["gb_per_s_max"]
+            if r["path"] == "loader":  # received in place: no copy stage
+                assert r["stages_s"]["copy_s"] == 0 and r["stages_s"]["get_wait_s"] > 0
     else:
         hit = [r for r in records if r["bench"] == "replay_hit_rate"]
         assert all(0 <= r["hit_rate"] <= r["belady_hit_rate"] + 1e-9 for r in hit)

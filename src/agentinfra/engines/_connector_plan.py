@@ -140,6 +140,11 @@ class ConnectorCounters:
     save_waits: int = 0
     """Lookups held back (answered "ask again") until an earlier request's saves of the same
     blocks had reached the server."""
+    lookup_s: float = 0.0
+    """The scheduler's lookups, from asking to the answer (LEADING_HITS, or SESSION begin)."""
+    save_copy_s: float = 0.0
+    """Time inside the engine's step copying saved blocks out of the paged cache and encoding
+    them; the PUTs go out in the background."""
     loaded_bytes: int = 0
     load_wall_s: float = 0.0
     """The worker's loads, stage by stage (`PagedKVLoader`): wall time, then waiting for GET

@@ -275,11 +275,19 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
     def _lookup(self, plan: RequestPlan, keys: list[BlockKey]) -> Future[int]:
         """A turn's lookup prefetches and pins its prefix (SESSION begin); any other asks LEADING_HITS."""
         hint = plan.hint
+        started = time.perf_counter()
         if hint is not None:
-            return self.remote.call(
+            future = self.remote.call(
                 lambda client: begin_session(client, hint.session, keys, hint.parent)
             )
-        return self.remote.call(lambda client: client.leading_hits(keys))
+        else:
+            future = self.remote.call(lambda client: client.leading_hits(keys))
+
+        def answered(_: Future[int]) -> None:
+            self.counters.lookup_s += time.perf_counter() - started
+
+        future.add_done_callback(answered)
+        return future
 
     def update_connector_output(self, connector_output: Any) -> None:
         for req_id in getattr(connector_output, "finished_sending", None) or ():
@@ -470,7 +478,9 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         requests = {req_id for req_id, raw_keys, _ in meta.saves if raw_keys}
         with self._saves_lock:
             self._saves.expect(requests)  # every request that had a save is confirmed once
+        copying = time.perf_counter()
         items = self._copy_out(meta)
+        self.counters.save_copy_s += time.perf_counter() - copying
         if not items:
             return
         size = sum(len(data) for _, data in items)
