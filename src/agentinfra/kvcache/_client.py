@@ -134,6 +134,12 @@ class AsyncCacheClient:
     ) -> bytearray | memoryview:
         if self._failure is not None:
             raise self._failure
+        size = sum(len(p) for p in pieces)
+        if size > self.max_frame_bytes:
+            raise ConfigError(
+                f"{op.name} of {size} bytes is over the server's maximum frame "
+                f"{self.max_frame_bytes}; send fewer blocks at once (kv serve --max-frame)"
+            )
         request_id = next(self._ids)
         future: asyncio.Future[tuple[FrameHeader, bytearray | memoryview]] = (
             asyncio.get_running_loop().create_future()
@@ -141,15 +147,11 @@ class AsyncCacheClient:
         self._pending[request_id] = future
         if into is not None:
             self._protocol.sinks[request_id] = memoryview(into).cast("B")
-        size = sum(len(p) for p in pieces)
-        if size > self.max_frame_bytes:
-            raise ConfigError(
-                f"{op.name} of {size} bytes is over the server's maximum frame "
-                f"{self.max_frame_bytes}; send fewer blocks at once (kv serve --max-frame)"
-            )
+        # A timer, not asyncio.wait_for: wait_for wraps every request in a task of its own.
+        timer = asyncio.get_running_loop().call_later(self.timeout_s, _expire, future)
         try:
             await self._protocol.send([encode_header(op, request_id, size), *pieces])
-            header, payload = await asyncio.wait_for(future, self.timeout_s)
+            header, payload = await future
         except BaseException as exc:
             self._pending.pop(request_id, None)
             self._protocol.sinks.pop(request_id, None)
@@ -162,6 +164,8 @@ class AsyncCacheClient:
                     f"the kv server did not answer {op.name} within {self.timeout_s}s (timeout_s)"
                 ) from None
             raise
+        finally:
+            timer.cancel()
         if header.op == Op.ERROR:
             raise decode_error(payload)
         if header.op != op:
@@ -360,3 +364,8 @@ class CacheClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -200,9 +200,10 @@ class _Connection:
                         await self.protocol.send([head, *pieces])
                 else:
                     await self.protocol.send([head, *pieces])
-                metrics.requests.labels(_op_name(header.op), "OK").inc()
+                ok, latency = self.server.op_metrics(header.op)
+                ok.inc()
                 self._count_bytes()
-                metrics.latency.labels(_op_name(header.op)).observe(time.perf_counter() - started)
+                latency.observe(time.perf_counter() - started)
         except KVCacheError:
             return  # the peer went away while we were writing
         finally:
@@ -368,6 +369,7 @@ class CacheServer:
         self.store = store
         self.config = config or ServerConfig()
         self.metrics = ServerMetrics(store)
+        self._op_metrics: dict[int, tuple[Any, Any]] = {}
         self.port = self.config.port
         self.metrics_port: int | None = None
         self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="kv-store")
@@ -384,6 +386,17 @@ class CacheServer:
             "max_frame_bytes": self.config.max_frame_bytes,
             "connections": len(self._connections),
         }
+
+    def op_metrics(self, op: int) -> tuple[Any, Any]:
+        """The OK-request counter and the latency histogram of ``op``, looked up once (labels() is slow)."""
+        found = self._op_metrics.get(op)
+        if found is None:
+            name = _op_name(op)
+            found = self._op_metrics[op] = (
+                self.metrics.requests.labels(name, "OK"),
+                self.metrics.latency.labels(name),
+            )
+        return found
 
     def inline(
         self, attempt: Callable[[Sequence[BlockKey]], _T | None], keys: Sequence[BlockKey]
