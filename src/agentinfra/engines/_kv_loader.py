@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -68,7 +68,7 @@ class LoadReport:
         return self.bytes / self.wall_s / 1e9 if self.wall_s else 0.0
 
 
-Call = Callable[[Callable[[AsyncCacheClient], object]], Future[list[Block]]]
+Call = Callable[[Callable[[AsyncCacheClient], Awaitable[list[Block]]]], Future[list[Block]]]
 Connect = Callable[[], BlockReader]
 
 
@@ -298,4 +298,4 @@ def _flat_views(layers: Sequence[torch.Tensor]) -> list[memoryview] | None:
     """Each layer's bytes as one writable memoryview; None unless every layer is a contiguous CPU tensor."""
     if not all(layer.device.type == "cpu" and layer.is_contiguous() for layer in layers):
         return None
-    return [memoryview(layer.view(-1).view(torch.uint8).numpy()).cast("B") for layer in layers]
+    return [memoryview(layer.view(-1).view(torch.uint8).numpy().data).cast("B") for layer in layers]
