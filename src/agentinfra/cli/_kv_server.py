@@ -20,6 +20,7 @@ from agentinfra.kvcache import (
     CacheClient,
     CacheServer,
     DiskTier,
+    EventsConfig,
     MemoryTier,
     Namespace,
     RedisTier,
@@ -113,14 +114,31 @@ def serve_command(
     metrics_port: Annotated[
         int | None, typer.Option("--metrics-port", help="Port of /metrics (Prometheus).")
     ] = 7481,
+    events: Annotated[
+        str | None,
+        typer.Option(
+            "--events",
+            help="Publish the memory and disk tiers' blocks as vLLM KV events on this ZMQ "
+            "address (tcp://127.0.0.1:5557), for routers such as Dynamo or llm-d.",
+        ),
+    ] = None,
+    events_replay: Annotated[
+        str | None,
+        typer.Option("--events-replay", help="ZMQ ROUTER address that replays missed batches."),
+    ] = None,
 ) -> None:
     """Serve a tiered KV-cache store over the agentinfra cache protocol (docs/protocol.md)."""
+    if events_replay is not None and events is None:
+        raise ConfigError("--events-replay needs --events (the address the events go to)")
     config = ServerConfig(
         host=host,
         port=port,
         max_frame_bytes=parse_size(max_frame, knob="--max-frame"),
         tokens=load_token_file(token_file) if token_file else None,
         metrics_port=metrics_port,
+        events=None
+        if events is None
+        else EventsConfig(endpoint=events, replay_endpoint=events_replay),
     )
     store = build_store(
         load_settings().kvcache, memory=memory, disk_dir=disk_dir, disk=disk,
@@ -141,7 +159,8 @@ def serve_command(
             if server.metrics_port
             else ""
         )
-        console.print(f"kv server listening on {where}{metrics}", highlight=False)
+        published = f", KV events on {server.events.endpoint}" if server.events else ""
+        console.print(f"kv server listening on {where}{metrics}{published}", highlight=False)
         await stop.wait()
         await server.close()
 

@@ -14,8 +14,16 @@ from agentinfra.kvcache._block import (
     encode_block,
     parse_block,
 )
-from agentinfra.kvcache._client import AsyncCacheClient, CacheClient
+from agentinfra.kvcache._client import AsyncCacheClient, CacheClient, TierHits
 from agentinfra.kvcache._disk_tier import DiskTier
+from agentinfra.kvcache._events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventsConfig,
+    KVEventBatch,
+    StoreEvents,
+)
 from agentinfra.kvcache._index import BlockIndex, InsertResult
 from agentinfra.kvcache._keys import KEY_SPEC_VERSION, BlockKey, Namespace, block_keys
 from agentinfra.kvcache._memory_tier import MemoryTier
@@ -62,22 +70,27 @@ DEFAULT_POLICY = "prefix-lru"
 
 __all__ = [
     "AgentTraceConfig",
+    "AllBlocksCleared",
     "AsyncCacheClient",
     "BLOCK_FORMAT_VERSION",
     "Block",
     "BlockHeader",
     "BlockIndex",
     "BlockKey",
+    "BlockRemoved",
+    "BlockStored",
     "CacheClient",
     "CacheServer",
     "CostModel",
     "DEFAULT_POLICY",
     "DiskTier",
+    "EventsConfig",
     "EvictionPolicy",
     "EvictionRecord",
     "Explanation",
     "InsertResult",
     "KEY_SPEC_VERSION",
+    "KVEventBatch",
     "LAYOUT_ENGINE_NATIVE",
     "LFUAgingPolicy",
     "LRUPolicy",
@@ -95,8 +108,10 @@ __all__ = [
     "Session",
     "SessionState",
     "Status",
+    "StoreEvents",
     "StoreStats",
     "Tier",
+    "TierHits",
     "TierStats",
     "TieredStore",
     "TraceRequest",

@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import socket
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from agentinfra.errors import ConfigError, TierUnavailableError
 from agentinfra.kvcache._block import Block, encode_block, parse_block
@@ -30,16 +30,27 @@ from agentinfra.kvcache._protocol import (
     decode_error,
     decode_json,
     decode_u32,
+    decode_u32s,
     encode_header,
     encode_hello,
     encode_keys,
+    encode_lineage,
     encode_session,
     encode_u32,
 )
 
-__all__ = ["AsyncCacheClient", "CacheClient"]
+__all__ = ["AsyncCacheClient", "CacheClient", "TierHits"]
 
 _T = TypeVar("_T")
+
+
+class TierHits(NamedTuple):
+    """Leading runs of a chain of keys, in blocks, as the server's local tiers hold them."""
+
+    any: int
+    """Held in memory or on disk (block by block, either)."""
+    memory: int
+    disk: int
 
 
 class AsyncCacheClient:
@@ -179,6 +190,24 @@ class AsyncCacheClient:
     async def leading_hits(self, keys: Sequence[BlockKey]) -> int:
         """Leading run of ``keys`` the server holds (unverified; `get` verifies)."""
         return decode_u32(await self._request(Op.LEADING_HITS, [encode_keys(keys)]))
+
+    async def tier_hits(self, keys: Sequence[BlockKey]) -> TierHits:
+        """The leading run of ``keys`` each local tier holds (unverified; the remote tier is not
+        asked: `leading_hits` is). Costs the server what it hits, not the chain's length."""
+        return TierHits(*decode_u32s(await self._request(Op.TIER_HITS, [encode_keys(keys)]), 3))
+
+    async def announce(
+        self,
+        keys: Sequence[BlockKey],
+        tokens: Sequence[int],
+        *,
+        block_size: int,
+        parent: BlockKey | None = None,
+    ) -> bool:
+        """Tells the server the tokens of the chain ``keys`` (``block_size`` each, after
+        ``parent``), so its KV events can name them; False when it publishes none."""
+        payload = encode_lineage(keys, tokens, block_size=block_size, parent=parent)
+        return decode_u32(await self._request(Op.LINEAGE, [payload])) == 1
 
     async def get(
         self,
@@ -323,6 +352,19 @@ class CacheClient:
 
     def leading_hits(self, keys: Sequence[BlockKey]) -> int:
         return self._run(self._client.leading_hits(keys))
+
+    def tier_hits(self, keys: Sequence[BlockKey]) -> TierHits:
+        return self._run(self._client.tier_hits(keys))
+
+    def announce(
+        self,
+        keys: Sequence[BlockKey],
+        tokens: Sequence[int],
+        *,
+        block_size: int,
+        parent: BlockKey | None = None,
+    ) -> bool:
+        return self._run(self._client.announce(keys, tokens, block_size=block_size, parent=parent))
 
     def get(
         self,

@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -283,6 +283,14 @@ class DiskTier:
         if not self.read_only:
             with contextlib.suppress(FileNotFoundError):
                 os.replace(self._path(key), self.directory / "quarantine" / self._path(key).name)
+
+    def watch(self, listener: Callable[[str, BlockKey, bool], None] | None) -> None:
+        """Tells ``listener(tier name, key, held)`` of every block this tier starts or stops holding."""
+        self._index.watcher = (
+            None
+            if listener is None
+            else lambda key, held: listener(self.name, cast(BlockKey, key), held)
+        )
 
     def stats(self) -> TierStats:
         return self._counts.snapshot(

@@ -9,7 +9,7 @@ Out of space is a result (`InsertResult.is_admitted` false), not an exception.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from agentinfra.errors import ConfigError
@@ -40,6 +40,8 @@ class BlockIndex:
         self._pins: dict[Key, int] = {}
         self._parents: dict[Key, Key | None] = {}
         self.used = 0
+        self.watcher: Callable[[Key, bool], None] | None = None
+        """Told of every key the index starts holding (True) or stops holding (False)."""
 
     def __contains__(self, key: object) -> bool:
         return key in self._sizes
@@ -88,6 +90,8 @@ class BlockIndex:
         self._parents[key] = parent
         self.used += size
         self.policy.admit(key, parent if parent in self._sizes else None)
+        if self.watcher is not None:
+            self.watcher(key, True)
         return InsertResult(True, tuple(evicted))
 
     def remove(self, key: Key) -> bool:
@@ -102,6 +106,8 @@ class BlockIndex:
     def _forget(self, key: Key) -> None:
         self.used -= self._sizes.pop(key)
         self._parents.pop(key, None)
+        if self.watcher is not None:
+            self.watcher(key, False)
 
     def pin(self, key: Key) -> bool:
         """Protects a held ``key`` from eviction until a matching `unpin`; False if not held."""

@@ -7,7 +7,7 @@ and active sessions. Single owner, no locks (the `TieredStore` serialises).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from agentinfra.kvcache._index import BlockIndex
@@ -101,6 +101,14 @@ class MemoryTier:
     def unpin(self, key: BlockKey) -> None:
         """Releases one pin of ``key``."""
         self._index.unpin(key)
+
+    def watch(self, listener: Callable[[str, BlockKey, bool], None] | None) -> None:
+        """Tells ``listener(tier name, key, held)`` of every block this tier starts or stops holding."""
+        self._index.watcher = (
+            None
+            if listener is None
+            else lambda key, held: listener(self.name, cast(BlockKey, key), held)
+        )
 
     def stats(self) -> TierStats:
         return self._counts.snapshot(

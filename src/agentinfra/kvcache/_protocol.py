@@ -45,6 +45,8 @@ __all__ = [
     "decode_hello",
     "decode_json",
     "decode_keys",
+    "decode_lineage",
+    "decode_u32s",
     "decode_session",
     "decode_u32",
     "encode_error",
@@ -52,6 +54,7 @@ __all__ = [
     "encode_hello",
     "encode_json",
     "encode_keys",
+    "encode_lineage",
     "encode_session",
     "encode_u32",
     "parse_header",
@@ -79,6 +82,8 @@ class Op(enum.IntEnum):
     STATS = 6
     EXPLAIN = 7
     SESSION = 8
+    LINEAGE = 9
+    TIER_HITS = 10
     ERROR = 0x7F
 
 
@@ -158,6 +163,54 @@ def _count(payload: bytes | bytearray | memoryview) -> int:
         raise ProtocolError(Status.BAD_REQUEST, f"payload of {len(payload)} bytes has no count")
     (count,) = _U32.unpack_from(payload)
     return int(count)
+
+
+def encode_lineage(
+    keys: Sequence[bytes], tokens: Sequence[int], *, block_size: int, parent: bytes | None
+) -> bytes:
+    """A chain's tokens: ``u32 block_size``, the parent key (32 zero bytes: none), ``keys``,
+    then ``len(keys) * block_size`` token ids as ``u32``."""
+    if block_size < 1 or len(tokens) != len(keys) * block_size:
+        raise ProtocolError(
+            Status.BAD_REQUEST,
+            f"lineage of {len(keys)} blocks of {block_size} tokens got {len(tokens)} tokens",
+        )
+    if parent is not None and (len(parent) != KEY_BYTES or parent == bytes(KEY_BYTES)):
+        raise ProtocolError(Status.BAD_REQUEST, f"lineage parent of {len(parent)} bytes")
+    try:
+        packed = struct.pack(f"<{len(tokens)}I", *tokens)
+    except struct.error:
+        raise ProtocolError(Status.BAD_REQUEST, "lineage token ids must be in 0..2**32-1") from None
+    return _U32.pack(block_size) + (parent or bytes(KEY_BYTES)) + encode_keys(keys) + packed
+
+
+def decode_lineage(
+    payload: bytes | bytearray | memoryview,
+) -> tuple[list[BlockKey], tuple[int, ...], int, BlockKey | None]:
+    """(keys, tokens, block_size, parent) of an `encode_lineage` payload."""
+    view = memoryview(payload)
+    if len(view) < 4 + KEY_BYTES + 4:
+        raise ProtocolError(Status.BAD_REQUEST, f"lineage of {len(view)} bytes is truncated")
+    (block_size,) = _U32.unpack_from(view)
+    parent = bytes(view[4 : 4 + KEY_BYTES])
+    count = _count(view[4 + KEY_BYTES :])
+    keys_end = 4 + KEY_BYTES + 4 + count * KEY_BYTES
+    if block_size < 1 or len(view) != keys_end + 4 * count * block_size:
+        raise ProtocolError(
+            Status.BAD_REQUEST,
+            f"lineage of {count} blocks of {block_size} tokens has {len(view)} bytes",
+        )
+    keys = decode_keys(view[4 + KEY_BYTES : keys_end])
+    tokens = struct.unpack_from(f"<{count * block_size}I", view, keys_end)
+    return keys, tokens, block_size, None if parent == bytes(KEY_BYTES) else BlockKey(parent)
+
+
+def decode_u32s(payload: bytes | bytearray | memoryview, count: int) -> tuple[int, ...]:
+    if len(payload) != 4 * count:
+        raise ProtocolError(
+            Status.BAD_FRAME, f"expected {count} u32 values, got {len(payload)} bytes"
+        )
+    return struct.unpack(f"<{count}I", payload)
 
 
 def encode_u32(value: int) -> bytes:

@@ -28,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from agentinfra import __version__
 from agentinfra.errors import BlockFormatError, ConfigError, KVCacheError
 from agentinfra.kvcache._block import HEADER_BYTES, decode_header, parse_block
+from agentinfra.kvcache._events import EventsConfig, StoreEvents
 from agentinfra.kvcache._framing import FrameConnection
 from agentinfra.kvcache._keys import BlockKey
 from agentinfra.kvcache._metrics import ServerMetrics, serve_metrics
@@ -51,6 +52,7 @@ from agentinfra.kvcache._protocol import (
     decode_blocks,
     decode_hello,
     decode_keys,
+    decode_lineage,
     decode_session,
     encode_error,
     encode_header,
@@ -71,8 +73,12 @@ _LARGE_RESPONSE = 1024 * 1024
 
 def tenant_key(tenant: str, key: bytes) -> BlockKey:
     """The store key of a client's block ``key`` for ``tenant`` (docs/protocol.md section 5)."""
+    return BlockKey(hashlib.sha256(_tenant_prefix(tenant) + key).digest())
+
+
+def _tenant_prefix(tenant: str) -> bytes:
     name = tenant.encode()
-    return BlockKey(hashlib.sha256(b"AIKT" + _U16.pack(len(name)) + name + key).digest())
+    return b"AIKT" + _U16.pack(len(name)) + name
 
 
 def load_token_file(path: Path) -> dict[str, str]:
@@ -119,6 +125,8 @@ class ServerConfig:
     """Large (>= 1 MiB) answers written at once; more interleave and thrash the caches."""
     metrics_port: int | None = None
     """Port of the Prometheus ``/metrics`` endpoint on ``host``; None for none, 0 for any."""
+    events: EventsConfig | None = None
+    """Publish the memory and disk tiers' blocks as vLLM KV events (ZMQ); None for none."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -269,6 +277,13 @@ class _Connection:
                 head[_KEY_OFFSET:HEADER_BYTES] = key
                 pieces += [block_prefix(HEADER_BYTES + len(block.payload)), head, block.payload]
             return pieces
+        if op is Op.TIER_HITS:
+            return [
+                self._tier_hits(tenant, payload)
+                or await call(self._tier_hits, tenant, payload, True)
+            ]
+        if op is Op.LINEAGE:
+            return [encode_u32(self._lineage(tenant, payload))]
         if op is Op.PUT:
             return [encode_u32(await call(self._put, tenant, payload))]
         if op is Op.REMOVE:
@@ -290,6 +305,43 @@ class _Connection:
                 result["key"] = client_keys[explanation.first_missing].hex()
             return [encode_json(result)]
         raise ProtocolError(Status.UNKNOWN_OPCODE, f"opcode {op.name} is not a request")
+
+    def _tier_hits(
+        self, tenant: str, payload: bytes | bytearray | memoryview, wait: bool = False
+    ) -> bytes | None:
+        """TIER_HITS: the leading runs (any local tier, memory, disk) as three ``u32``. Keys are
+        scoped lazily: a lookup costs what it hits, not the prompt's length."""
+        view = memoryview(payload)
+        if len(view) < 4 or len(view) != 4 + 32 * int.from_bytes(view[:4], "little"):
+            decode_keys(payload)  # raises the one-line error
+        scope = hashlib.sha256(_tenant_prefix(tenant))
+
+        def scoped() -> Iterator[BlockKey]:
+            for offset in range(4, len(view), 32):
+                digest = scope.copy()
+                digest.update(view[offset : offset + 32])
+                yield BlockKey(digest.digest())
+
+        runs = self.server.store.tier_hits(scoped(), wait=wait)
+        if runs is None:
+            return None
+        self.server.metrics.queries.inc((len(view) - 4) // 32)
+        return struct.pack("<3I", *runs)
+
+    def _lineage(self, tenant: str, payload: bytes | bytearray | memoryview) -> int:
+        """LINEAGE: a saved chain's tokens, for the KV events; 1 when the server publishes them."""
+        keys, tokens, block_size, parent = decode_lineage(payload)
+        events = self.server.events
+        if events is None:
+            return 0
+        events.announce(
+            [tenant_key(tenant, k) for k in keys],
+            tokens,
+            block_size=block_size,
+            parent=None if parent is None else tenant_key(tenant, parent),
+            salt=None if tenant == "default" else tenant,
+        )
+        return 1
 
     def _session(self, tenant: str, body: dict[str, Any], keys: list[BlockKey]) -> dict[str, Any]:
         """An agent's hint, on the store's sessions (ids scoped by tenant, like keys).
@@ -378,14 +430,20 @@ class CacheServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[_Connection] = set()
         self.sending = asyncio.Semaphore(self.config.concurrent_sends)
+        self.events: StoreEvents | None = None
+        """The KV-event publisher while the server runs with ``config.events``."""
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "server": f"agentinfra {__version__}",
             "protocol": PROTOCOL_VERSION,
             "max_frame_bytes": self.config.max_frame_bytes,
             "connections": len(self._connections),
         }
+        if self.events is not None:
+            described["events"] = {"endpoint": self.events.endpoint,
+                                   "replay": self.events.replay_endpoint, **self.events.counts}  # fmt: skip
+        return described
 
     def op_metrics(self, op: int) -> tuple[Any, Any]:
         """The OK-request counter and the latency histogram of ``op``, looked up once (labels() is slow)."""
@@ -460,6 +518,10 @@ class CacheServer:
                 self.metrics, self.config.host, self.config.metrics_port
             )
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        if self.config.events is not None:
+            self.events = StoreEvents(self.config.events)
+            self.store.watch(self.events.changed)
+            logger.info("kv server: KV events on %s", self.events.endpoint)
         logger.info("kv server listening on %s:%d", self.config.host, self.port)
 
     async def serve_forever(self) -> None:
@@ -481,6 +543,10 @@ class CacheServer:
             if server is not None:
                 await server.wait_closed()
         self._executor.shutdown(wait=True)
+        if self.events is not None:
+            self.store.watch(None)
+            self.events.close()
+            self.events = None
 
     async def __aenter__(self) -> CacheServer:
         await self.start()

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -200,6 +200,40 @@ class TieredStore:
             with self._lock:
                 for key, tier_name, policy in evicted:
                     self._record(key, now, tier_name, policy, None)
+
+    def watch(self, listener: Callable[[str, BlockKey, bool], None] | None) -> None:
+        """Tells ``listener(tier name, key, held)`` of every block memory or disk starts or stops
+        holding (the remote tier is shared by other servers: not watched). Called under the
+        tiers' locks: the listener only queues."""
+        self._memory.watch(listener)
+        if self._disk is not None:
+            self._disk.watch(listener)
+
+    def tier_hits(
+        self, keys: Iterable[BlockKey], *, wait: bool = True
+    ) -> tuple[int, int, int] | None:
+        """Leading runs of ``keys`` held (in memory or on disk; in memory; on disk), local tiers
+        only (unverified). One pass that stops at the first key no tier holds, so ``keys`` may be
+        lazy. ``wait=False``: None at once when the store's lock is taken."""
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
+            memory, disk = self._memory, self._disk
+            either = in_memory = on_disk = 0
+            memory_run = disk_run = True
+            for key in keys:
+                held_memory = key in memory
+                held_disk = disk is not None and key in disk
+                if not (held_memory or held_disk):
+                    break
+                either += 1
+                memory_run = memory_run and held_memory
+                disk_run = disk_run and held_disk
+                in_memory += memory_run
+                on_disk += disk_run
+            return either, in_memory, on_disk
+        finally:
+            self._lock.release()
 
     # -- keys ------------------------------------------------------------------
 
