@@ -14,24 +14,32 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import socket
 import struct
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
+import zmq
 
 from agentinfra.engines import VllmServer
 from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
+    BlockStored,
+    EventsConfig,
+    KVEventBatch,
     MemoryTier,
     ServerConfig,
     ServerThread,
+    StoreEvents,
     TieredStore,
     encode_block,
     parse_block,
@@ -77,18 +85,72 @@ def server() -> Iterator[ServerThread]:
 
 
 @pytest.fixture(scope="module")
-def seeded(checkpoint: Path) -> tuple[dict[str, Any], list[tuple[Any, bytes]]]:
-    """One cold engine run of the 300-token prompt: its output, and the blocks it saved (in chain order)."""
+def seeded_run(checkpoint: Path) -> tuple[dict[str, Any], list[tuple[Any, bytes]], list[Any]]:
+    """One cold engine run of the 300-token prompt: its output, the blocks it saved (in chain
+    order), and the KV events the server published of them."""
     store = TieredStore(MemoryTier(1 << 30))
-    thread = ServerThread(store, ServerConfig(port=0))
+    events = EventsConfig(endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0")
+    thread = ServerThread(store, ServerConfig(port=0, events=events))
     try:
         cold, _ = probe(checkpoint, thread.port, tokens=300)
         saved = list(store.memory._data.items())
+        assert thread.server is not None
+        assert thread.server.events is not None
+        published = replayed(thread.server.events)
     finally:
         thread.close()
     assert cold["cached_tokens"] == 0
     assert len(saved) >= 9  # 9 prompt blocks (and any full output block)
-    return cold, saved
+    return cold, saved, published
+
+
+@pytest.fixture(scope="module")
+def seeded(
+    seeded_run: tuple[dict[str, Any], list[tuple[Any, bytes]], list[Any]],
+) -> tuple[dict[str, Any], list[tuple[Any, bytes]]]:
+    return seeded_run[0], seeded_run[1]
+
+
+def replayed(publisher: StoreEvents) -> list[Any]:
+    """Every event ``publisher`` has sent, from its replay socket, once its queue is empty."""
+    deadline = time.monotonic() + 10
+    while publisher._queue and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert publisher.replay_endpoint is not None
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(publisher.replay_endpoint)
+    dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    events: list[Any] = []
+    try:
+        while dealer.poll(10_000):
+            _, seq, payload = dealer.recv_multipart()
+            if seq == (-1).to_bytes(8, "big", signed=True):
+                return events
+            events += decoder.decode(payload).events
+        raise AssertionError("the replay socket stopped answering")
+    finally:
+        dealer.close(0)
+        context.term()
+
+
+def test_the_saved_prompt_is_published_with_its_tokens(seeded_run: Any) -> None:
+    """The connector announces each save's tokens: the server's KV events name the prompt's
+    blocks with the engine's own token ids, in chain order, as a router needs them."""
+    _, saved, published = seeded_run
+    rng = random.Random(0)  # the probe's prompt (agentinfra.engines._vllm_probe.prompt_ids)
+    prompt = [rng.randrange(1, 1000) for _ in range(300)]
+    stored = [e for e in published if isinstance(e, BlockStored) and e.medium == "CPU"]
+    chains = {bytes(h): e for e in stored for h in e.block_hashes}
+    assert set(chains) == {bytes(key) for key, _ in saved}  # every saved block, announced
+    first = next(e for e in stored if e.token_ids[:BLOCK] == prompt[:BLOCK])
+    assert first.parent_block_hash is None
+    assert first.block_size == BLOCK
+    tokens = [t for e in stored[stored.index(first) :] for t in e.token_ids]
+    assert tokens[: 9 * BLOCK] == prompt[: 9 * BLOCK]
 
 
 def restore(server: ServerThread, blocks: list[tuple[Any, bytes]]) -> None:

@@ -86,6 +86,9 @@ class ConnectorSettings:
     load_depth: int = 3
     tool_wait_ttl_s: float = 120.0
     """How long an agent's blocks stay in memory after its turn while it runs tools (session hints)."""
+    announce: bool = True
+    """Send each saved chain's tokens (LINEAGE) for the server's KV events; stops by itself when
+    the server publishes none."""
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorSettings:

@@ -82,7 +82,7 @@ from agentinfra.engines._connector_plan import (
 )
 from agentinfra.engines._connector_remote import CacheRemote, begin_session
 from agentinfra.engines._kv_loader import PagedKVLoader
-from agentinfra.errors import ConfigError
+from agentinfra.errors import ConfigError, ProtocolError
 from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
     AsyncCacheClient,
@@ -216,6 +216,8 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._requests: dict[str, _Request] = {}
         self._in_flight: dict[str, set[bytes]] = {}
         """Finished requests whose saves the worker has not yet confirmed (blocks held by vLLM)."""
+        self._announcing = bool(self.settings.announce)
+        """Whether saved chains' tokens go to the server (off once it says it publishes no events)."""
         # worker side
         self._layers: list[torch.Tensor] = []
         self._loader: PagedKVLoader | None = None
@@ -342,10 +344,13 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             meta.loads.append((req_id, _raw(load.keys), load.block_ids))
         if not self.settings.save:
             return
+        first = plan.next_save
         save = plans.plan_saves(plan, state.request.all_token_ids, computed)
         if save is None:
             return
         meta.saves.append((req_id, _raw(save.keys), save.block_ids))
+        if self._announcing:
+            self._announce(plan, state.request.all_token_ids, first, save.keys)
         if plan.hint is not None:
             self._hint(plan.hint.session, "add", save.keys)
 
@@ -365,6 +370,29 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         # lookups of the same blocks wait, and vLLM holds the request's blocks (already copied out).
         self._in_flight[request.request_id] = finish.held_keys
         return True, None
+
+    def _announce(
+        self, plan: plans.RequestPlan, token_ids: Any, first: int, keys: list[BlockKey]
+    ) -> None:
+        """The tokens of a save's blocks, for the server's KV events (a failure costs only them)."""
+        size = plan.block_size
+        tokens = list(token_ids[first * size : (first + len(keys)) * size])
+        parent = plan.keys[first - 1] if first else None
+
+        async def send(client: AsyncCacheClient) -> bool:
+            return await client.announce(keys, tokens, block_size=size, parent=parent)
+
+        def answered(future: Future[bool]) -> None:
+            failure = future.exception()  # a timeout costs this announcement only
+            refused = isinstance(failure, ProtocolError) or (
+                failure is None and not future.result()
+            )
+            if refused and self._announcing:
+                self._announcing = False  # an older server (no LINEAGE), or one without --events
+                log.info("AgentinfraConnector: not announcing saved tokens: %s",
+                         failure or "the server publishes no KV events")  # fmt: skip
+
+        self.remote.call(send).add_done_callback(answered)
 
     def _hint(
         self, session: str, action: str, keys: list[BlockKey] | None = None, **options: Any

@@ -80,7 +80,7 @@ def test_settings_from_extra_read_url_token_file_and_fields(tmp_path: Path) -> N
     [
         (
             {"ulr": "x"},
-            "unknown kv_connector_extra_config key(s) ['ulr']; known: ['host', 'load', "
+            "unknown kv_connector_extra_config key(s) ['ulr']; known: ['announce', 'host', 'load', "
             "'load_chunk_mib', 'load_depth', 'lookup_timeout_s', 'max_pending_mib', 'model_id', 'port', 'save', 'tenant', "
             "'timeout_s', 'token', 'token_file', 'tool_wait_ttl_s', 'url', 'weights_revision']",
         ),
