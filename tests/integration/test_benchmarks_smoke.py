@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     "script",
     ["bench_lookup.py", "bench_replay.py", "bench_transfer.py", "bench_get_under_put.py",
-     "bench_load_path.py"],
+     "bench_load_path.py", "bench_tier_hits.py"],
 )  # fmt: skip
 def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     args = [sys.executable, script, "--smoke"]
@@ -35,6 +35,12 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     assert all("git" in r and "python" in r for r in records)
     if script == "bench_lookup.py":
         assert records[0]["leading_hits_ms"] > 0
+    elif script == "bench_tier_hits.py":
+        paths = {(r["block_size"], r["path"]) for r in records}
+        expected = {"tier_hits_full", "tier_hits_miss", "leading_hits_full", "block_keys"}
+        assert paths == {(size, p) for size in (128, 256) for p in expected}
+        for r in records:
+            assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
     elif script == "bench_get_under_put.py":
         assert records[0]["gets"] > 0
         assert records[0]["get_p50_ms"] <= records[0]["get_p99_ms"] <= records[0]["get_max_ms"]

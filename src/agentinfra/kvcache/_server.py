@@ -76,6 +76,10 @@ def tenant_key(tenant: str, key: bytes) -> BlockKey:
     return BlockKey(hashlib.sha256(_tenant_prefix(tenant) + key).digest())
 
 
+_LOOKUP_CHUNK = 64
+"""Keys a TIER_HITS scopes at once (a miss in the first chunk costs one chunk)."""
+
+
 def _tenant_prefix(tenant: str) -> bytes:
     name = tenant.encode()
     return b"AIKT" + _U16.pack(len(name)) + name
@@ -310,22 +314,27 @@ class _Connection:
         self, tenant: str, payload: bytes | bytearray | memoryview, wait: bool = False
     ) -> bytes | None:
         """TIER_HITS: the leading runs (any local tier, memory, disk) as three ``u32``. Keys are
-        scoped lazily: a lookup costs what it hits, not the prompt's length."""
-        view = memoryview(payload)
-        if len(view) < 4 or len(view) != 4 + 32 * int.from_bytes(view[:4], "little"):
+        scoped a chunk at a time up to the first miss: a lookup costs what it hits, not the
+        prompt's length."""
+        data = bytes(payload)
+        if len(data) < 4 or len(data) != 4 + 32 * int.from_bytes(data[:4], "little"):
             decode_keys(payload)  # raises the one-line error
         scope = hashlib.sha256(_tenant_prefix(tenant))
+        view = memoryview(data)
 
-        def scoped() -> Iterator[BlockKey]:
-            for offset in range(4, len(view), 32):
-                digest = scope.copy()
-                digest.update(view[offset : offset + 32])
-                yield BlockKey(digest.digest())
+        def chunks() -> Iterator[list[BlockKey]]:
+            for start in range(4, len(data), 32 * _LOOKUP_CHUNK):
+                keys: list[BlockKey] = []
+                for offset in range(start, min(len(data), start + 32 * _LOOKUP_CHUNK), 32):
+                    digest = scope.copy()
+                    digest.update(view[offset : offset + 32])
+                    keys.append(BlockKey(digest.digest()))
+                yield keys
 
-        runs = self.server.store.tier_hits(scoped(), wait=wait)
+        runs = self.server.store.tier_hits(chunks(), wait=wait)
         if runs is None:
             return None
-        self.server.metrics.queries.inc((len(view) - 4) // 32)
+        self.server.metrics.queries.inc((len(data) - 4) // 32)
         return struct.pack("<3I", *runs)
 
     def _lineage(self, tenant: str, payload: bytes | bytearray | memoryview) -> int:
