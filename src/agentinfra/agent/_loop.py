@@ -59,6 +59,7 @@ from agentinfra.agent._context import ContextBudget, estimate_tokens, trim_conte
 from agentinfra.agent._model import Completion, ModelClient, Usage
 from agentinfra.agent._profiles import profile_for
 from agentinfra.agent._replies import feedback_for, normalize_reply
+from agentinfra.agent._routing import split_endpoints
 from agentinfra.agent._segments import call_tokens_of, encode_tokens
 from agentinfra.agent._toolcalls import ToolCall
 from agentinfra.agent._tools import Tool, tool_schemas
@@ -91,6 +92,8 @@ class LoopConfig:
 
     model: str
     base_url: str
+    """The endpoint, or several serving the same model, comma-separated: each run sticks to one
+    (session affinity; `EndpointRouter`), and moves on when it is down or overloaded."""
     api_key_env: str = "OPENAI_API_KEY"
     stream: bool = True
     max_turns: int | None = 200
@@ -131,10 +134,7 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("model must not be empty (--model)")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"base_url {self.base_url!r} must start with http:// or https:// (--base-url)"
-            )
+        split_endpoints(self.base_url)  # one URL, or several comma-separated: checked
         for name in (
             "max_turns",
             "max_tokens",

@@ -26,6 +26,7 @@ import json
 import random
 import ssl
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 import openai
 
 from agentinfra.agent._profiles import ModelProfile
+from agentinfra.agent._routing import router_for, split_endpoints
 from agentinfra.agent._segments import CallTokens
 from agentinfra.errors import AgentError
 
@@ -143,6 +145,7 @@ class ModelClient:
         """Sent as vLLM's ``kv_transfer_params`` (``{"agentinfra": {"session": ...}}``): the KV
         store keeps this agent's blocks as one session (agentinfra's vLLM connector)."""
         self.base_url = base_url
+        """One URL, or several serving the same model, comma-separated (`EndpointRouter`)."""
         self.api_key_env = api_key_env
         self.profile = profile
         self.limiter = limiter or EndpointLimiter()
@@ -150,13 +153,28 @@ class ModelClient:
         self.max_output_tokens = max_output_tokens
         self.backoff_s = backoff_s
         self._first_call = True
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0,
-            http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()),
-        )  # fmt: skip
+        endpoints = split_endpoints(base_url)
+        self.router = router_for(endpoints) if len(endpoints) > 1 else None
+        """The process's router over the endpoints, when there are several."""
+        self._session = kv_session or uuid.uuid4().hex
+        self._clients = {
+            url: openai.AsyncOpenAI(
+                base_url=url,
+                api_key=api_key or "unset",
+                timeout=timeout_s,
+                max_retries=0,
+                http_client=openai.DefaultAsyncHttpxClient(verify=_tls_context()),
+            )
+            for url in endpoints
+        }
+        self.last_endpoint = endpoints[0]
+        """The endpoint that answered (or was last tried for) the latest call."""
 
     async def close(self) -> None:
-        await self._client.close()
+        if self.router is not None:
+            self.router.forget(self._session)
+        for client in self._clients.values():
+            await client.close()
 
     async def complete(
         self,
@@ -181,9 +199,20 @@ class ModelClient:
         unreached = True  # every attempt so far failed to connect
         while True:
             attempt += 1
+            url = self.last_endpoint = (
+                self.router.route(self._session) if self.router else self.last_endpoint
+            )
+            reached = True
             try:
                 async with self.limiter:
-                    reply = await self._call(messages, tools, stream, capture_tokens)
+                    try:
+                        reply = await self._call(messages, tools, stream, capture_tokens, url)
+                    except openai.APIConnectionError as exc:
+                        reached = isinstance(exc, openai.APITimeoutError)
+                        raise
+                    finally:
+                        if self.router is not None:
+                            self.router.finished(url, reached=reached)
                 return Completion(
                     reply.message, reply.usage, reply.finish_reason,
                     time.monotonic() - started, attempt, reply.tokens,
@@ -222,6 +251,8 @@ class ModelClient:
                         f"cannot reach {self.base_url} after {attempt} attempts: {reason} (--base-url)"
                     )
                 raise AgentError(f"model call failed after {attempt} attempts; last error {reason}")
+            if not reached and self.router is not None and self.router.any_other_up(url):
+                wait = 0.0  # another engine is up: the run moves there now
             if on_retry is not None:
                 pending = on_retry(attempt, status, wait, reason)
                 if pending is not None:
@@ -237,6 +268,7 @@ class ModelClient:
         tools: Sequence[dict[str, Any]],
         stream: bool,
         capture_tokens: bool,
+        url: str,
     ) -> _Reply:
         kwargs: dict[str, Any] = {"model": self.model, "messages": [], **self.profile.sampling()}
         # The history and the tools travel in ``extra_body`` (sent as given, and it takes
@@ -262,7 +294,7 @@ class ModelClient:
         # (one chunk per token on vLLM) and per logprob entry costs more than the rest of a
         # call's handling. Errors are still the SDK's (raised before the body is read).
         assembly = _Assembly(want_tokens=capture_tokens)
-        async with self._client.chat.completions.with_streaming_response.create(
+        async with self._clients[url].chat.completions.with_streaming_response.create(
             **kwargs
         ) as response:
             if stream:
@@ -445,6 +477,8 @@ async def preflight(
 ) -> None:
     """Checks the endpoint, the key, the model and the chat completions path once, before any run starts.
 
+    Several endpoints (comma-separated) are each checked: a run may go to any of them.
+
     The path is proved with a request the server must refuse without generating
     (an empty ``messages`` list): any answer but 404 means the path is there. A 404
     that does not name the model means the base URL lacks its prefix (``/v1`` on
@@ -454,6 +488,15 @@ async def preflight(
         AgentError: unreachable endpoint, refused key, a model the endpoint does not
             serve, or no chat completions at the base URL.
     """
+    for url in split_endpoints(base_url):
+        await _preflight_one(
+            url, model=model, api_key=api_key, api_key_env=api_key_env, timeout_s=timeout_s
+        )
+
+
+async def _preflight_one(
+    base_url: str, *, model: str, api_key: str, api_key_env: str, timeout_s: float
+) -> None:
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
     )
@@ -527,6 +570,20 @@ async def probe_tokens(
     re-tokenized. Reachability, key and model are `preflight`'s job; an error here is
     reported as unavailable tokens, not raised.
     """
+    endpoints = split_endpoints(base_url)
+    found = [
+        await _probe_tokens_one(url, model=model, api_key=api_key, force=force, timeout_s=timeout_s)
+        for url in endpoints
+    ]
+    missing = [support for support in found if not support.is_available]
+    if missing:  # a run may go to any endpoint: ids from all, or from none
+        return missing[0]
+    return found[0]
+
+
+async def _probe_tokens_one(
+    base_url: str, *, model: str, api_key: str, force: bool, timeout_s: float
+) -> TokenSupport:
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key or "unset", timeout=timeout_s, max_retries=0
     )

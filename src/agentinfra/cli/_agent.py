@@ -89,7 +89,9 @@ def run_command(
     base_url: Annotated[
         str,
         typer.Option(
-            "--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1."
+            "--base-url",
+            help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1; several serving the "
+            "same model, comma-separated: each run sticks to one (session affinity).",
         ),
     ],
     env: EnvOption = DEFAULT_ENVIRONMENT,

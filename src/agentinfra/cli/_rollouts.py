@@ -57,7 +57,13 @@ def run_command(
     tasks: Annotated[list[str], typer.Option("--tasks", help="Task files or globs.")],
     group_size: Annotated[int, typer.Option("--group-size", help="Rollouts per task (G).")],
     model: Annotated[str, typer.Option("--model", help="Model name at the endpoint.")],
-    base_url: Annotated[str, typer.Option("--base-url", help="OpenAI-compatible endpoint (…/v1).")],
+    base_url: Annotated[
+        str,
+        typer.Option(
+            "--base-url",
+            help="OpenAI-compatible endpoint (…/v1); several, comma-separated: runs stick to one each.",
+        ),
+    ],
     out: Annotated[Path, typer.Option("--out", help="JSONL file: one trajectory per line.")],
     env: EnvOption = DEFAULT_ENVIRONMENT,
     policy_version: Annotated[

@@ -11,7 +11,7 @@ def _client() -> ModelClient:
 
 
 def _tls_context(client: ModelClient) -> object:
-    return client._client._client._transport._pool._ssl_context  # type: ignore[attr-defined]
+    return client._clients[client.base_url]._client._transport._pool._ssl_context  # type: ignore[attr-defined]
 
 
 def test_clients_share_one_tls_context_that_verifies() -> None:
