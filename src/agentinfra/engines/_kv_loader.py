@@ -39,9 +39,9 @@ import torch
 
 from agentinfra.engines._connector_plan import is_loadable
 from agentinfra.errors import ConfigError, TierUnavailableError
-from agentinfra.kvcache import AsyncCacheClient, Block, BlockKey
-from agentinfra.kvcache._block import HEADER_BYTES, BlockHeader, checksum
-from agentinfra.kvcache._reader import BlockReader
+from agentinfra.kvcache import BLOCK_HEADER_BYTES as HEADER_BYTES
+from agentinfra.kvcache import AsyncCacheClient, Block, BlockHeader, BlockKey, BlockReader
+from agentinfra.kvcache import block_checksum as checksum
 
 __all__ = ["LoadReport", "PagedKVLoader"]
 

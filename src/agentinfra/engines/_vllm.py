@@ -87,10 +87,10 @@ from agentinfra.kvcache import (
     LAYOUT_ENGINE_NATIVE,
     AsyncCacheClient,
     BlockKey,
+    BlockReader,
     Namespace,
     encode_block,
 )
-from agentinfra.kvcache._reader import BlockReader
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -14,6 +14,8 @@ from agentinfra.kvcache._block import (
     encode_block,
     parse_block,
 )
+from agentinfra.kvcache._block import HEADER_BYTES as BLOCK_HEADER_BYTES
+from agentinfra.kvcache._block import checksum as block_checksum
 from agentinfra.kvcache._client import AsyncCacheClient, CacheClient, TierHits
 from agentinfra.kvcache._disk_tier import DiskTier
 from agentinfra.kvcache._events import (
@@ -36,6 +38,7 @@ from agentinfra.kvcache._policies import (
     make_policy,
 )
 from agentinfra.kvcache._protocol import Op, Status
+from agentinfra.kvcache._reader import BlockReader
 from agentinfra.kvcache._redis_tier import RedisTier
 from agentinfra.kvcache._replay import (
     CostModel,
@@ -73,10 +76,12 @@ __all__ = [
     "AllBlocksCleared",
     "AsyncCacheClient",
     "BLOCK_FORMAT_VERSION",
+    "BLOCK_HEADER_BYTES",
     "Block",
     "BlockHeader",
     "BlockIndex",
     "BlockKey",
+    "BlockReader",
     "BlockRemoved",
     "BlockStored",
     "CacheClient",
@@ -116,6 +121,7 @@ __all__ = [
     "TieredStore",
     "TraceRequest",
     "belady_hit_rate",
+    "block_checksum",
     "block_keys",
     "capacity_for_fraction",
     "encode_block",
