@@ -117,7 +117,7 @@ def run(config: str, engines: int, prompts: list[list[list[int]]], concurrency: 
     servers = [
         VllmServer(
             smollm2_dir(),
-            logs / f"{config}-{i}.log",
+            log=logs / f"{config}-{i}.log",
             tools=None,
             block_size=BLOCK,
             served_name="smollm2",
