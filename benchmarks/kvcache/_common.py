@@ -41,10 +41,14 @@ def environment() -> dict[str, Any]:
     }
 
 
-def emit(record: dict[str, Any]) -> None:
-    """Prints one JSON line."""
-    sys.stdout.write(json.dumps(record) + "\n")
+def emit(record: dict[str, Any], out: Path | None = None) -> None:
+    """Prints one JSON line; with ``out``, also appends it there."""
+    line = json.dumps(record, sort_keys=True)
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
+    if out is not None:
+        with open(out, "a") as file:
+            file.write(line + "\n")
 
 
 def free_port() -> int:

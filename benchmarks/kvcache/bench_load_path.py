@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -42,7 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import environment, free_port
+from _common import emit, environment, free_port
 from bench_transfer import raw_socket_session, server_process
 
 from agentinfra.engines._connector_plan import ConnectorCounters, ConnectorSettings
@@ -197,11 +196,7 @@ def main() -> None:
     try:
         for block_bytes in LAYERS:
             for row in run_size(port, block_bytes, rounds, ops):
-                line = json.dumps({**row, **env}, sort_keys=True)
-                print(line, flush=True)
-                if args.out:
-                    with open(args.out, "a") as out:
-                        out.write(line + "\n")
+                emit({**row, **env}, args.out)
     finally:
         server.terminate()
         server.wait(20)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import environment, free_port, wait_port
+from _common import emit, environment, free_port, wait_port
 
 from agentinfra.kvcache import AsyncCacheClient, Namespace, block_keys, encode_block
 
@@ -121,11 +120,7 @@ def main() -> None:
         wait_port(port)
         for block_size in sizes:
             for row in asyncio.run(run_size(port, block_size, calls)):
-                line = json.dumps({**row, **env}, sort_keys=True)
-                print(line, flush=True)
-                if args.out:
-                    with open(args.out, "a") as out:
-                        out.write(line + "\n")
+                emit({**row, **env}, args.out)
     finally:
         server.terminate()
         server.wait(20)

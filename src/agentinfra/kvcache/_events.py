@@ -63,7 +63,7 @@ class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class _Event(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
+    """A KV event: tagged with its class name on the wire, as vLLM's are."""
 
 
 class BlockStored(_Event):
@@ -92,7 +92,7 @@ class BlockRemoved(_Event):
 
 
 class AllBlocksCleared(_Event):
-    pass
+    """Everything the publisher held before is gone (sent first by a (re)started server)."""
 
 
 class KVEventBatch(_Batch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -71,7 +72,7 @@ def flat(batches: list[KVEventBatch]) -> list[BlockStored | BlockRemoved | AllBl
 
 
 @pytest.fixture
-def events() -> StoreEvents:
+def events() -> Iterator[StoreEvents]:
     publisher = StoreEvents(
         EventsConfig(
             endpoint="tcp://127.0.0.1:0", replay_endpoint="tcp://127.0.0.1:0", flush_s=0.01
