@@ -277,6 +277,23 @@ def test_unreachable_server_is_one_clear_error() -> None:
         CacheClient("127.0.0.1", port, timeout_s=2)
 
 
+@pytest.mark.parametrize("same", [True, False], ids=["port-is-metrics-port", "metrics-port-taken"])
+def test_a_port_clash_is_one_line_naming_the_knob(tmp_path: Path, same: bool) -> None:
+    port = free_port()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        metrics = port if same else taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "agentinfra", "kv", "serve", "--port", str(port), "--memory", "64MiB",
+             "--metrics-port", str(metrics)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "--metrics-port" in done.stderr and str(metrics) in done.stderr, done.stderr
+    with socket.create_server(("127.0.0.1", port)):
+        pass  # the main port was let go
+
+
 @pytest.mark.service
 def test_server_keeps_serving_when_redis_dies(tmp_path: Path, redis_url: str) -> None:
     from agentinfra.kvcache import RedisTier

@@ -130,6 +130,10 @@ def serve_command(
     """Serve a tiered KV-cache store over the agentinfra cache protocol (docs/protocol.md)."""
     if events_replay is not None and events is None:
         raise ConfigError("--events-replay needs --events (the address the events go to)")
+    if metrics_port is not None and metrics_port != 0 and metrics_port == port:
+        raise ConfigError(
+            f"--port {port} is also the metrics port; pass another --metrics-port (default 7481)"
+        )
     config = ServerConfig(
         host=host,
         port=port,

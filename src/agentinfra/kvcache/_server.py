@@ -523,9 +523,17 @@ class CacheServer:
             ) from None
         self.port = self._server.sockets[0].getsockname()[1]
         if self.config.metrics_port is not None:
-            self._metrics_server = await serve_metrics(
-                self.metrics, self.config.host, self.config.metrics_port
-            )
+            try:
+                self._metrics_server = await serve_metrics(
+                    self.metrics, self.config.host, self.config.metrics_port
+                )
+            except OSError as exc:
+                self._server.close()
+                await self._server.wait_closed()
+                raise ConfigError(
+                    f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: "
+                    f"{exc.strerror} (--metrics-port)"
+                ) from None
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
         if self.config.events is not None:
             self.events = StoreEvents(self.config.events)
