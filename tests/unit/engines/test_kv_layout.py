@@ -33,7 +33,9 @@ def test_mla_is_served_unless_the_engine_says_its_context_path_is_inexact() -> N
     assert layout.refusal() is None
     assert layout.label() == "mla"
     line = layout.refusal(inexact_context="its MLA kernel has no cached-context path")
-    assert line is not None and "MLAAttentionSpec x4" in line and "without the connector" in line
+    assert line is not None
+    assert "MLAAttentionSpec x4" in line
+    assert "without the connector" in line
     assert "\n" not in line
 
 
@@ -49,14 +51,19 @@ def test_mla_is_served_unless_the_engine_says_its_context_path_is_inexact() -> N
 def test_unserved_kinds_are_refused_in_one_line_naming_the_family(kind: str, named: str) -> None:
     layout = KVLayout.of([full(), KVGroup(kind, ("model.layers.4.mixer",), block_size=32)])
     line = layout.refusal()
-    assert line is not None and named in line and "\n" not in line
+    assert line is not None
+    assert named in line
+    assert "\n" not in line
     assert kind in line  # the groups, as vLLM names them
 
 
 def test_two_groups_of_served_kinds_are_refused_naming_the_switch() -> None:
-    sliding = KVGroup("FullAttentionSpec", ("model.layers.4.self_attn.attn",), 32, sliding_window=64)
+    sliding = KVGroup(
+        "FullAttentionSpec", ("model.layers.4.self_attn.attn",), 32, sliding_window=64
+    )
     line = KVLayout.of([full(), sliding]).refusal()
-    assert line is not None and "--disable-hybrid-kv-cache-manager" in line
+    assert line is not None
+    assert "--disable-hybrid-kv-cache-manager" in line
     assert "2 groups" in line
 
 
