@@ -372,7 +372,8 @@ def random_kv(store: TieredStore, seed: int) -> int:
     items = []
     for key, block in list(store.memory._data.items()):
         parsed = parse_block(block)
-        assert parsed is not None and parsed.header.layout == LAYOUT_ENGINE_NATIVE
+        assert parsed is not None
+        assert parsed.header.layout == LAYOUT_ENGINE_NATIVE
         noise = torch.randn(parsed.header.shape, generator=generator) * 3
         noise = noise.to(getattr(torch, parsed.header.dtype))
         items.append((key, encode_block(key, noise, layout=LAYOUT_ENGINE_NATIVE)))
