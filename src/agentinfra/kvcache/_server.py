@@ -28,7 +28,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +60,7 @@ from agentinfra.kvcache._protocol import (
     encode_u32,
 )
 from agentinfra.kvcache._store import TieredStore
+from agentinfra.kvcache._tier_lookup import TierLookup, tenant_prefix
 
 __all__ = ["CacheServer", "ServerConfig", "ServerThread", "load_token_file", "tenant_key"]
 
@@ -73,16 +74,7 @@ _LARGE_RESPONSE = 1024 * 1024
 
 def tenant_key(tenant: str, key: bytes) -> BlockKey:
     """The store key of a client's block ``key`` for ``tenant`` (docs/protocol.md section 5)."""
-    return BlockKey(hashlib.sha256(_tenant_prefix(tenant) + key).digest())
-
-
-_LOOKUP_CHUNK = 64
-"""Keys a TIER_HITS scopes at once (a miss in the first chunk costs one chunk)."""
-
-
-def _tenant_prefix(tenant: str) -> bytes:
-    name = tenant.encode()
-    return b"AIKT" + _U16.pack(len(name)) + name
+    return BlockKey(hashlib.sha256(tenant_prefix(tenant) + key).digest())
 
 
 def load_token_file(path: Path) -> dict[str, str]:
@@ -313,25 +305,13 @@ class _Connection:
     def _tier_hits(
         self, tenant: str, payload: bytes | bytearray | memoryview, wait: bool = False
     ) -> bytes | None:
-        """TIER_HITS: the leading runs (any local tier, memory, disk) as three ``u32``. Keys are
-        scoped a chunk at a time up to the first miss: a lookup costs what it hits, not the
-        prompt's length."""
+        """TIER_HITS: the leading runs (any local tier, memory, disk) as three ``u32``, from the
+        server's index of client keys (`TierLookup`), a chunk at a time up to the first miss: a
+        lookup costs what it hits, not the prompt's length."""
         data = bytes(payload)
         if len(data) < 4 or len(data) != 4 + 32 * int.from_bytes(data[:4], "little"):
             decode_keys(payload)  # raises the one-line error
-        scope = hashlib.sha256(_tenant_prefix(tenant))
-        view = memoryview(data)
-
-        def chunks() -> Iterator[list[BlockKey]]:
-            for start in range(4, len(data), 32 * _LOOKUP_CHUNK):
-                keys: list[BlockKey] = []
-                for offset in range(start, min(len(data), start + 32 * _LOOKUP_CHUNK), 32):
-                    digest = scope.copy()
-                    digest.update(view[offset : offset + 32])
-                    keys.append(BlockKey(digest.digest()))
-                yield keys
-
-        runs = self.server.store.tier_hits(chunks(), wait=wait)
+        runs = self.server.lookup.runs(tenant, data, wait=wait)
         if runs is None:
             return None
         self.server.metrics.queries.inc((len(data) - 4) // 32)
@@ -399,6 +379,7 @@ class _Connection:
 
     def _put(self, tenant: str, payload: bytearray | memoryview) -> int:
         items: list[tuple[BlockKey, bytes]] = []
+        clients: list[bytes] = []
         for view in decode_blocks(payload):
             try:
                 header = decode_header(view)
@@ -409,9 +390,15 @@ class _Connection:
                     Status.BAD_BLOCK, f"block {header.key.hex()[:16]} fails its checksum"
                 )
             key = tenant_key(tenant, header.key)
+            clients.append(header.key)
             view[_KEY_OFFSET:HEADER_BYTES] = key
             items.append((key, bytes(view)))
-        return self.server.store.put_encoded(items)
+        lookup = self.server.lookup
+        lookup.expect(tenant, zip(clients, (key for key, _ in items), strict=True))
+        try:
+            return self.server.store.put_encoded(items)
+        finally:
+            lookup.settle([key for key, _ in items])
 
 
 def _log_failure(future: asyncio.Future[None]) -> None:
@@ -440,6 +427,8 @@ class CacheServer:
         self._connections: set[_Connection] = set()
         self.sending = asyncio.Semaphore(self.config.concurrent_sends)
         self.events: StoreEvents | None = None
+        self.lookup = TierLookup(store)
+        """TIER_HITS by client keys; the store's watch listener while the server runs."""
         """The KV-event publisher while the server runs with ``config.events``."""
 
     def describe(self) -> dict[str, Any]:
@@ -535,9 +524,10 @@ class CacheServer:
                     f"{exc.strerror} (--metrics-port)"
                 ) from None
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        self.store.watch(self.lookup.changed)
         if self.config.events is not None:
             self.events = StoreEvents(self.config.events)
-            self.store.watch(self.events.changed)
+            self.lookup.forward = self.events.changed
             logger.info("kv server: KV events on %s", self.events.endpoint)
         logger.info("kv server listening on %s:%d", self.config.host, self.port)
 
@@ -560,8 +550,8 @@ class CacheServer:
             if server is not None:
                 await server.wait_closed()
         self._executor.shutdown(wait=True)
+        self.store.watch(None)
         if self.events is not None:
-            self.store.watch(None)
             self.events.close()
             self.events = None
 

@@ -244,6 +244,26 @@ class TieredStore:
         finally:
             self._lock.release()
 
+    @contextlib.contextmanager
+    def lock(self, *, wait: bool = True) -> Iterator[bool]:
+        """The store's lock, for a caller keeping its own view of the tiers (`TierLookup`):
+        yields False, untaken, when another holds it and ``not wait``."""
+        if not self._lock.acquire(blocking=wait):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._lock.release()
+
+    def holding(self, keys: Sequence[BlockKey]) -> list[int]:
+        """Which local tiers hold each key: 1 memory, 2 disk, 3 both, 0 neither (unverified)."""
+        with self._lock:
+            memory, disk = self._memory, self._disk
+            if disk is None:
+                return [int(key in memory) for key in keys]
+            return [(key in memory) | (key in disk) << 1 for key in keys]
+
     # -- keys ------------------------------------------------------------------
 
     def keys_for(self, namespace: Namespace, token_ids: TokenIds) -> list[BlockKey]:
