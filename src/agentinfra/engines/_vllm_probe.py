@@ -7,7 +7,8 @@ The engine is real (``vllm.LLM``, its engine core in its own process) with the
 ``--no-connector``). It first warms up on an unrelated prompt, then generates
 greedily for the prompt of ``--tokens`` token ids drawn from ``--seed``, and
 prints ``AGENTINFRA_PROBE {...}``: output tokens, their logprobs, the tokens vLLM
-reports as cached, the time to first token and the whole generate time.
+reports as cached, the time to first token and the whole generate time
+(``--repeats N``: N prompts timed one after another, each result under ``all``).
 Used by `agentinfra kv demo --engine vllm`, the vllm tests and the benchmark.
 """
 
@@ -57,6 +58,10 @@ def main() -> None:
     parser.add_argument(
         "--ignore-eos", action="store_true", help="Generate --max-new tokens every time."
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="Timed requests one after another, prompt seeds SEED, SEED+1, ... (not with --prompts).",
+    )  # fmt: skip
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -90,15 +95,20 @@ def main() -> None:
     )
     warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
     llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
-    started = time.monotonic()
-    prompts = [
-        {"prompt_token_ids": prompt_ids(args.tokens, args.seed + i, args.vocab)}
-        for i in range(args.prompts)
-    ]
-    outs = llm.generate(prompts, greedy, use_tqdm=False)
-    elapsed = time.monotonic() - started
+    if args.repeats > 1 and args.prompts > 1:
+        parser.error("--repeats times one prompt at a time; leave --prompts at 1")
+    timed: list[tuple[Any, float]] = []
+    for batch in range(max(1, args.repeats)):
+        started = time.monotonic()
+        prompts = [
+            {"prompt_token_ids": prompt_ids(args.tokens, args.seed + batch + i, args.vocab)}
+            for i in range(args.prompts)
+        ]
+        outs = llm.generate(prompts, greedy, use_tqdm=False)
+        elapsed = time.monotonic() - started
+        timed += [(out, elapsed) for out in outs]
     results = []
-    for out in outs:
+    for out, elapsed in timed:
         completion = out.outputs[0]
         metrics = getattr(out, "metrics", None)
         ttft = float(getattr(metrics, "first_token_latency", 0.0) or 0.0) or None
