@@ -93,7 +93,11 @@ def test_a_prompt_of_8192_blocks_held_in_memory_is_answered_from_the_index() -> 
                 client.put(keys[start : start + 1024], [kv(0)] * len(keys[start : start + 1024]))
             assert len(thread.server.lookup) == 8192
             with store.lock():  # the store is busy: the index alone answers
-                assert thread.server.lookup.runs("default", _wire(keys), wait=False) == (8192, 8192, 0)
+                assert thread.server.lookup.runs("default", _wire(keys), wait=False) == (
+                    8192,
+                    8192,
+                    0,
+                )
             store.memory.remove([tenant_key("default", keys[5000])])
             assert client.tier_hits(keys) == (5000, 5000, 0)
             assert len(thread.server.lookup) == 8191
