@@ -63,6 +63,8 @@ def main() -> None:
         help="Timed requests one after another, prompt seeds SEED, SEED+1, ... (not with --prompts).",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.repeats > 1 and args.prompts > 1:
+        parser.error("--repeats times one prompt at a time; leave --prompts at 1")
 
     from vllm import LLM, SamplingParams
 
@@ -95,8 +97,6 @@ def main() -> None:
     )
     warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
     llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
-    if args.repeats > 1 and args.prompts > 1:
-        parser.error("--repeats times one prompt at a time; leave --prompts at 1")
     timed: list[tuple[Any, float]] = []
     for batch in range(max(1, args.repeats)):
         started = time.monotonic()

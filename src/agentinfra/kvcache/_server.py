@@ -427,9 +427,9 @@ class CacheServer:
         self._connections: set[_Connection] = set()
         self.sending = asyncio.Semaphore(self.config.concurrent_sends)
         self.events: StoreEvents | None = None
+        """The KV-event publisher while the server runs with ``config.events``."""
         self.lookup = TierLookup(store)
         """TIER_HITS by client keys; the store's watch listener while the server runs."""
-        """The KV-event publisher while the server runs with ``config.events``."""
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {

@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -208,41 +208,6 @@ class TieredStore:
         self._memory.watch(listener)
         if self._disk is not None:
             self._disk.watch(listener)
-
-    def tier_hits(
-        self, chunks: Iterable[Sequence[BlockKey]], *, wait: bool = True
-    ) -> tuple[int, int, int] | None:
-        """Leading runs of a chain of keys held (in memory or on disk; in memory; on disk), local
-        tiers only (unverified). ``chunks`` are the chain's keys in order, asked for one chunk
-        at a time and no further than the first key no tier holds, so they may be made lazily.
-        ``wait=False``: None at once when the store's lock is taken."""
-        if not self._lock.acquire(blocking=wait):
-            return None
-        try:
-            memory, disk = self._memory, self._disk
-            either = in_memory = on_disk = 0
-            memory_run = disk_run = True
-            for chunk in chunks:
-                held_memory = [key in memory for key in chunk]
-                held_disk = [key in disk for key in chunk] if disk is not None else []
-                held = (
-                    [m or d for m, d in zip(held_memory, held_disk, strict=True)]
-                    if disk
-                    else held_memory
-                )
-                run = _leading(held, len(chunk))
-                either += run
-                if memory_run:
-                    in_memory += (count := _leading(held_memory, run))
-                    memory_run = count == len(chunk)
-                if disk_run:
-                    on_disk += (count := _leading(held_disk, run))
-                    disk_run = count == len(chunk)
-                if run < len(chunk):
-                    break
-            return either, in_memory, on_disk
-        finally:
-            self._lock.release()
 
     @contextlib.contextmanager
     def lock(self, *, wait: bool = True) -> Iterator[bool]:
@@ -678,11 +643,3 @@ class TieredStore:
         with self._lock, self._io_lock:
             if self._disk is not None:
                 self._disk.close()
-
-
-def _leading(flags: list[bool], limit: int) -> int:
-    """How many of the first ``limit`` ``flags`` are True before the first False."""
-    try:
-        return min(flags.index(False), limit)
-    except ValueError:
-        return min(len(flags), limit)

@@ -256,27 +256,3 @@ def test_a_server_without_events_says_so_to_an_announcement() -> None:
             assert client.tier_hits(keys) == (1, 1, 0)
     finally:
         thread.close()
-
-
-def test_tier_hits_follows_each_tier_across_chunks(tmp_path: Path) -> None:
-    disk = DiskTier(tmp_path / "d", 1000 * BLOCK_BYTES)
-    store = TieredStore(MemoryTier(1000 * BLOCK_BYTES), disk)
-    tokens = list(range(4 * 150))
-    keys = block_keys(NS, tokens)
-    store.put(keys[:130], [kv(i) for i in range(130)])
-    disk.put(
-        [(k, encode_block(k, kv(0))) for k in keys[:70]]
-        + [(keys[140], encode_block(keys[140], kv(0)))]
-    )
-    store.memory.remove([keys[100]])
-    disk.put([(keys[100], encode_block(keys[100], kv(0)))])
-
-    def chunked(chain: list[bytes], size: int) -> list[list[bytes]]:
-        return [chain[i : i + size] for i in range(0, len(chain), size)]
-
-    for size in (1, 7, 64, 200):
-        assert store.tier_hits(chunked(keys, size)) == (130, 100, 70), size
-        assert store.tier_hits(chunked(keys[50:], size)) == (80, 50, 20), size
-    store.memory.remove([keys[0]])
-    assert store.tier_hits(chunked(keys, 64)) == (130, 0, 70)
-    assert store.tier_hits([]) == (0, 0, 0)
