@@ -3,10 +3,11 @@
 # Usage: scripts/system-deps.sh test|demo|desktop
 #   demo: util-linux (unshare, setpriv: the grader's sandbox) and the desktop packages below
 #   desktop: the desktop environment's X server, window manager, accessibility
-#         bus, LibreOffice, GIMP, VLC, Thunderbird, editor and terminal, and Debian's
-#         Python with pyatspi
+#         bus, LibreOffice, GIMP, VLC, Thunderbird, Chromium (OSWorld's Chrome tasks;
+#         also the headless check of the run report) with socat, editor and terminal,
+#         and Debian's Python with pyatspi
 #   test: the above, redis-server and redis-tools (the Redis tier's service tests
-#         start their own servers) and chromium (the run report is opened headless)
+#         start their own servers)
 # As root with apt-get it installs them; otherwise it stops with one line naming
 # the packages and the command to run. Set SKIP_SYSTEM_DEPS=1 to skip.
 set -euo pipefail
@@ -33,6 +34,8 @@ desktop() {
   want gimp gimp
   want vlc vlc
   want thunderbird thunderbird
+  [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
+  want socat socat
   [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   /usr/bin/python3 -c 'import pyatspi' >/dev/null 2>&1 || need+=(python3-pyatspi)
   /usr/bin/python3 -c 'import tkinter' >/dev/null 2>&1 || need+=(python3-tk)
@@ -46,7 +49,6 @@ case "$target" in
     desktop
     want redis-server redis-server
     want redis-cli redis-tools
-    want chromium chromium
     ;;
   *) echo "system-deps: unknown target '$target' (use test, demo or desktop)" >&2; exit 2 ;;
 esac

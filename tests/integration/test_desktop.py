@@ -97,7 +97,9 @@ async def _calc_observation() -> None:
     assert session.uid not in pids_by_uid()
 
 
-def test_gimp_vlc_and_thunderbird_start_in_the_jail_past_their_first_run_and_die_with_it() -> None:
+def test_gimp_vlc_thunderbird_and_chromium_start_in_the_jail_past_their_first_run_and_die_with_it() -> (
+    None
+):
     asyncio.run(_shipped_apps())
 
 
@@ -105,7 +107,8 @@ async def _shipped_apps() -> None:
     async with DesktopSession() as session:
         await session.start()
         for command, title in ((["gimp"], "GNU Image Manipulation Program"), (["vlc"], "VLC media player"),
-                               (["thunderbird"], "Mozilla Thunderbird")):  # fmt: skip
+                               (["thunderbird"], "Mozilla Thunderbird"),
+                               (["google-chrome", "--remote-debugging-port=1337"], "Chromium")):  # fmt: skip
             launched = await session.request("launch", command=command, wait_s=90)
             assert launched["ok"], (command, launched)
             assert launched["window"], (command, launched)
@@ -127,7 +130,15 @@ async def _shipped_apps() -> None:
                 "execute", command="ps -o comm= -u $(id -u)", shell=True, timeout=10
             )
         )["output"]
-        assert {"gimp", "vlc", "thunderbird"} <= set(running.split()), running
+        assert {"gimp", "vlc", "thunderbird", "google-chrome", "chromium"} <= set(
+            running.split()
+        ), running
+        profile = (
+            await session.request(
+                "execute", command="ls ~/.config/google-chrome", shell=True, timeout=10
+            )
+        )["output"]
+        assert "Default" in profile.split(), profile  # where OSWorld's getters read
     assert uid not in pids_by_uid()
 
 

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -222,8 +223,8 @@ def run_jail(
         ro_paths=(*RUNTIME, str(allowed)),
         files=(("/opt/tool/generated.txt", "generated"),),
         copy_in=((str(given), "given.txt"),),
-        limits=JailLimits(memory_limit_bytes=2 << 30, max_processes=16, cpu_limit_s=30),
-        **changes,  # type: ignore[arg-type]
+        **{"limits": JailLimits(memory_limit_bytes=2 << 30, max_processes=16, cpu_limit_s=30),
+           **changes},  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         done = (
@@ -276,6 +277,19 @@ def test_the_jail_root_holds_only_the_allowlist(
     assert seen["allowed_under_tmp"] == "allowlisted"
     assert seen["pids"] == [1], "the jail's pid namespace holds only its own program"
     assert not seen["network"]
+
+
+def test_an_address_space_ceiling_is_the_hard_limit_above_the_soft_one(
+    tmp_path: Path, planted: list[Path], uid: int
+) -> None:
+    """The desktop lets its browser raise its own address-space limit this far, and no further."""
+    limits = JailLimits(memory_limit_bytes=2 << 30, max_processes=16, cpu_limit_s=30,
+                        address_space_ceiling_bytes=4 << 30)  # fmt: skip
+    seen = run_jail(tmp_path, planted, uid, limits=limits)
+    assert re.search(r"Max address space\s+2147483648\s+4294967296\s", str(seen["limits"]))
+    with pytest.raises(ValueError, match="address_space_ceiling_bytes 1024 is below"):
+        JailLimits(memory_limit_bytes=2 << 30, max_processes=1, cpu_limit_s=1,
+                   address_space_ceiling_bytes=1024)  # fmt: skip
 
 
 @LAUNCHES

@@ -300,7 +300,9 @@ def _set_limits(limits: dict[str, int] | None) -> None:
     if not limits:
         return
     memory = limits["memory_limit_bytes"]
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(
+        resource.RLIMIT_AS, (memory, limits.get("address_space_ceiling_bytes") or memory)
+    )
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_limit_s"], limits["cpu_limit_s"] + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))

@@ -39,6 +39,17 @@ class JailLimits:
     cpu_limit_s: int
     file_bytes: int = 1 << 30
     open_files: int = 256
+    address_space_ceiling_bytes: int | None = None
+    """``RLIMIT_AS``'s hard limit, which a process may raise its own soft limit
+    (``memory_limit_bytes``) to; None: the soft limit is the hard one too."""
+
+    def __post_init__(self) -> None:
+        ceiling = self.address_space_ceiling_bytes
+        if ceiling is not None and ceiling < self.memory_limit_bytes:
+            raise ValueError(
+                f"address_space_ceiling_bytes {ceiling} is below memory_limit_bytes "
+                f"{self.memory_limit_bytes}; raise the ceiling or leave it None"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +108,7 @@ class JailSpec:
             "limits": None if limits is None else {
                 "memory_limit_bytes": limits.memory_limit_bytes, "max_processes": limits.max_processes,
                 "cpu_limit_s": limits.cpu_limit_s, "file_bytes": limits.file_bytes, "open_files": limits.open_files,
+                "address_space_ceiling_bytes": limits.address_space_ceiling_bytes,
             },
             "env": self.env,
             "rw_binds": [list(b) for b in self.rw_binds],

@@ -75,7 +75,7 @@ def test_unknown_config_type_and_func_are_refused_by_name(tmp_path: Path) -> Non
     [
         ({"config": [{"type": "chrome_open_tabs", "parameters": {}}]}, "chrome_open_tabs"),
         ({"proxy": True}, "live web"),
-        ({"config": [{"type": "launch", "parameters": {"command": ["google-chrome"]}}]}, "Google Chrome"),
+        ({"config": [{"type": "launch", "parameters": {"command": ["code"]}}]}, "VS Code"),
         ({"config": [{"type": "download", "parameters": {"files": [
             {"url": "https://example.org/absent.xlsx", "path": "/home/user/a.xlsx"}]}}]}, "not in the mirror"),
         ({"evaluator": {"func": "is_expected_tabs"}}, "is_expected_tabs"),

@@ -70,6 +70,7 @@ class Controller:
         if not os.path.exists(xauth):
             open(xauth, "ab").close()
         started = time.monotonic()
+        _browser_launchers()
         self._spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
                      "-nolisten", "unix", "-listen", "unix", "-noreset"])  # fmt: skip
         socket = "/tmp/.X11-unix/X" + DISPLAY[1:]
@@ -442,6 +443,42 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
             except Exception:
                 continue
             into.append(element)
+
+
+LAUNCHERS = "/tmp/work/bin"
+"""First on the desktop's PATH: ``google-chrome`` as OSWorld's tasks start it."""
+CHROMIUM = "/usr/lib/chromium/chromium"
+CHROME_FLAGS = ("--no-first-run", "--no-default-browser-check", "--password-store=basic",
+                "--disable-dev-shm-usage", "--test-type")  # fmt: skip
+"""No first-run page or default-browser question, no keyring prompt, and no warning bar for
+flags (``--test-type``): the window a task starts is the browser alone."""
+
+
+def _browser_launchers() -> None:
+    """``google-chrome`` (and ``-stable``): Debian's Chromium with its profile where Google Chrome
+    keeps one (``~/.config/google-chrome``, where OSWorld's getters read), its address-space
+    limit raised to the hard limit the desktop allows. Chromium names its processes
+    ``chromium``, so the launcher stays as their parent, named ``google-chrome``: OSWorld's
+    postconfig ``pkill chrome`` reaches it, and it passes the signal on, so the browser shuts
+    down cleanly and writes its settings, as Google Chrome does."""
+    if not os.path.exists(CHROMIUM):
+        return
+    os.makedirs(LAUNCHERS, exist_ok=True)
+    script = (
+        "#!/bin/sh\n"
+        'ulimit -S -v "$(ulimit -H -v)"\n'
+        f'{CHROMIUM} --user-data-dir="$HOME/.config/google-chrome" {" ".join(CHROME_FLAGS)} "$@" &\n'
+        "child=$!\n"
+        "trap 'kill -TERM $child 2>/dev/null' TERM INT HUP\n"
+        "status=0\n"
+        'while kill -0 "$child" 2>/dev/null; do wait "$child"; status=$?; done\n'
+        'exit "$status"\n'
+    )
+    for name in ("google-chrome", "google-chrome-stable"):
+        path = os.path.join(LAUNCHERS, name)
+        with open(path, "w") as handle:
+            handle.write(script)
+        os.chmod(path, 0o755)
 
 
 def main() -> None:

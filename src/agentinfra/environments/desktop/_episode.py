@@ -130,6 +130,10 @@ LIVE_POSTCONFIG = frozenset(
 """Postconfig steps that act on the live desktop, after the freeze; ``download`` applies to the snapshot."""
 
 
+_WINDOWLESS = frozenset({"socat", "pkill", "killall", "kill", "sleep"})
+"""Programs OSWorld's tasks launch that open no window: a launch of one does not wait for one."""
+
+
 def live_postconfig(task: DesktopTask) -> list[tuple[int, dict[str, Any]]]:
     """The task's postconfig steps that run on the desktop (with their index): all but downloads."""
     return [(i, s) for i, s in enumerate(task.postconfig) if s and s.get("type") != "download"]
@@ -162,8 +166,14 @@ async def run_setup_step(
             if not reply.get("ok"):
                 raise StepFailedError(f"download to {path} failed: {reply.get('error')}")
     elif kind == "launch":
+        command = fill(params["command"])
+        words = command.split() if isinstance(command, str) else command
+        windowless = bool(words) and Path(str(words[0])).name in _WINDOWLESS
         reply = await session.request(
-            "launch", command=fill(params["command"]), shell=bool(params.get("shell")), wait_s=15
+            "launch",
+            command=command,
+            shell=bool(params.get("shell")),
+            wait_s=0 if windowless else 15,
         )
         if not reply.get("ok"):
             raise StepFailedError(f"{params['command']!r} did not start: {reply.get('error')}")

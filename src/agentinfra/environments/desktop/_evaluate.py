@@ -21,6 +21,7 @@ It imports nothing of agentinfra (it is copied into the jail on its own).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
@@ -47,7 +48,83 @@ def resolve(spec: dict[str, Any] | None) -> Value:
         if isinstance(paths, list):
             return [_file(p) for p in paths]
         return _file(paths)
+    if kind == "chrome":
+        return CHROME_GETTERS[spec["getter"]]()
     raise ValueError(f"unknown getter kind {kind!r}")
+
+
+# OSWorld's Chrome getters that read the browser's profile files, as desktop-env 1.0.2 reads
+# them on Linux (~/.config/google-chrome), its fallbacks on a missing or unreadable file kept:
+# a getter that cannot read returns what OSWorld's returns then (some return "Google", whatever
+# they read).
+CHROME_PROFILE = "/home/user/.config/google-chrome"
+
+
+def _chrome_json(name: str) -> Any:
+    """A profile file parsed as JSON; raises as OSWorld's ``json.loads(get_file(...))`` would."""
+    path = _file(f"{CHROME_PROFILE}/{name}")
+    if path is None:
+        raise FileNotFoundError(f"~/.config/google-chrome/{name}")
+    with open(path, "rb") as handle:
+        return json.loads(handle.read())
+
+
+def _preference(read: Any, fallback: Any, name: str = "Default/Preferences") -> Any:
+    try:
+        return read(_chrome_json(name))
+    except Exception:
+        return fallback
+
+
+def _chrome_bookmarks() -> Any:
+    """No fallback: OSWorld's reads ``[]`` for a missing file and raises on a broken one."""
+    path = _file(f"{CHROME_PROFILE}/Default/Bookmarks")
+    if path is None or os.path.getsize(path) == 0:
+        return []
+    return _chrome_json("Default/Bookmarks").get("roots", {})
+
+
+def _truth(value: Any) -> str:
+    return "true" if value else "false"
+
+
+def _startup_page(data: dict[str, Any]) -> str:
+    """No ``session`` key is a fresh start, which OSWorld reads as the new tab page."""
+    if "session" not in data:
+        return "true"
+    return _truth(data.get("session", {}).get("restore_on_startup", {}) == 5)
+
+
+_FONT_DEFAULTS = {"default_fixed_font_size": 13, "default_font_size": 16, "minimum_font_size": 13}
+CHROME_GETTERS: dict[str, Any] = {
+    "default_search_engine": lambda: _preference(
+        lambda d: d.get("default_search_provider_data", {}).get("template_url_data", {})
+        .get("short_name", "Google"), "Google"),
+    "profile_name": lambda: _preference(lambda d: d.get("profile", {}).get("name", None), None),
+    "enabled_experiments": lambda: _preference(
+        lambda d: d.get("browser", {}).get("enabled_labs_experiments", []), [], "Local State"),
+    "chrome_language": lambda: _preference(
+        lambda d: d.get("intl", {}).get("app_locale", "en-US"), "en-US", "Local State"),
+    "chrome_font_size": lambda: _preference(
+        lambda d: d.get("webkit", {}).get("webprefs", dict(_FONT_DEFAULTS)),
+        {"default_fixed_font_size": 13, "default_font_size": 16}),
+    "bookmarks": _chrome_bookmarks,
+    "enable_do_not_track": lambda: _preference(
+        lambda d: _truth(d.get("enable_do_not_track", {})), "false"),
+    "enable_enhanced_safety_browsing": lambda: _preference(
+        lambda d: _truth(d.get("safebrowsing", {}).get("enhanced", {})), "Google"),
+    "new_startup_page": lambda: _preference(_startup_page, "Google"),
+    "find_unpacked_extension_path": lambda: _preference(
+        lambda d: [e["path"] for e in d.get("extensions", {}).get("settings", {}).values()],
+        "Google"),
+    "find_installed_extension_name": lambda: _preference(
+        lambda d: [e["manifest"]["name"]
+                   for e in d.get("extensions", {}).get("settings", {}).values()], "Google"),
+    "data_delete_automacally": lambda: _preference(
+        lambda d: _truth(d["profile"].get("default_content_setting_values", None) is not None),
+        "Google"),
+}  # fmt: skip
+"""OSWorld's getter name -> its value, read from the snapshot's Chrome profile."""
 
 
 def _file(path: str) -> FileValue | None:
@@ -763,6 +840,60 @@ def check_direct_json_object(result: Value, rules: dict[str, Any], **_: Any) -> 
     if rules.get("expect_in_result"):
         return 1.0 if all(str(v) in str(data.get(k, "")) for k, v in expected.items()) else 0.0
     return 1.0 if all(k in data and data[k] == v for k, v in expected.items()) else 0.0
+
+
+def match_in_list(result: Value, rules: dict[str, Any], **_: Any) -> float:
+    return 1.0 if result in rules["expected"] else 0.0
+
+
+def is_in_list(result: Value, rules: dict[str, Any], **_: Any) -> float:
+    """OSWorld's: the expected value ``in`` the result (a list's member, or a string's part)."""
+    return 1.0 if rules["expected"] in result else 0.0
+
+
+def is_expected_bookmarks(bookmarks: Value, rule: dict[str, Any], **_: Any) -> float:
+    if not bookmarks:
+        return 0.0
+    bar = bookmarks["bookmark_bar"]["children"]
+    kind = rule["type"]
+    if kind == "bookmark_bar_folders_names":
+        return (
+            1.0 if {b["name"] for b in bar if b["type"] == "folder"} == set(rule["names"]) else 0.0
+        )
+    if kind == "bookmark_bar_websites_urls":
+        return 1.0 if {b["url"] for b in bar if b["type"] == "url"} == set(rule["urls"]) else 0.0
+    if kind == "liked_authors_websites_urls":
+        folder = next(
+            (b for b in bar if b["type"] == "folder" and b["name"] == "Liked Authors"), None
+        )
+        if folder is None:
+            return 0.0
+        urls = {b["url"] for b in folder["children"] if b["type"] == "url"}
+        choices = [[u] if isinstance(u, str) else list(u) for u in rule["urls"]]
+        return 1.0 if any(set(pick) == urls for pick in itertools.product(*choices)) else 0.0
+    raise TypeError(f"{kind} not support yet!")
+
+
+def is_expected_installed_extensions(installed: Value, expected: dict[str, Any], **_: Any) -> float:
+    if not installed:
+        return 0.0
+    return 1.0 if set(expected["expected"]) <= set(installed) else 0.0
+
+
+def check_enabled_experiments(enabled: Value, rule: dict[str, Any], **_: Any) -> float:
+    """The names before ``@`` in order, as OSWorld compares them (a list, not a set)."""
+    if rule["type"] != "names":
+        raise TypeError(f"{rule['type']} not support yet!")
+    return 1.0 if [e.split("@")[0] for e in enabled] == rule["names"] else 0.0
+
+
+def check_font_size(font_size: Value, rule: dict[str, Any], **_: Any) -> float:
+    size = font_size["default_font_size"]
+    if rule["type"] == "value":
+        return 1.0 if size == rule["value"] else 0.0
+    if rule["type"] == "range":
+        return 1.0 if rule["min"] < size < rule["max"] else 0.0
+    raise TypeError(f"{rule['type']} not support yet!")
 
 
 def exact_match(result: Value, rules: dict[str, Any], **_: Any) -> float:
@@ -1783,7 +1914,9 @@ METRICS = {f.__name__: f for f in (
     check_brightness_decrease_and_structure_sim, check_saturation_increase_and_structure_sim,
     check_contrast_increase_and_structure_sim, check_file_exists_and_structure_sim,
     check_palette_and_structure_sim, check_image_mirror, check_image_size, check_triangle_position,
-    check_textbox_on_leftside, check_green_background,
+    check_textbox_on_leftside, check_green_background, match_in_list, is_in_list,
+    is_expected_bookmarks, is_expected_installed_extensions, check_enabled_experiments,
+    check_font_size,
 )}  # fmt: skip
 
 

@@ -120,6 +120,7 @@ from typing import Any
 
 from agentinfra.environments import Finding, Outcome
 from agentinfra.environments.desktop._episode import EpisodeResult
+from agentinfra.environments.desktop._evaluate import CHROME_GETTERS
 from agentinfra.environments.desktop._probe import ProbeCommand, ProbeOutput, run_probe, safe_child
 from agentinfra.environments.desktop._task import (
     DesktopTask,
@@ -208,6 +209,8 @@ def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None
         return {"kind": "file", "path": paths[0] if single else paths}
     if kind in ("gimp_config_file", "vlc_config"):  # OSWorld's fixed places in the home
         return {"kind": "file", "path": app_config_path(spec)}
+    if kind in CHROME_GETTERS:  # read from the profile's files in the jail
+        return {"kind": "chrome", "getter": kind}
     if kind == "cloud_file":
         # All the getter's files in a folder of their own, by their dest names, as OSWorld's
         # cache holds them: a metric may read one beside the one it is given (sheet_print's CSV).

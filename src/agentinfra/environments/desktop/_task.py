@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentinfra.environments.desktop._evaluate import CHROME_GETTERS, unimplemented_options
 from agentinfra.environments.desktop._evaluate import METRICS as EVALUATE_METRICS
-from agentinfra.environments.desktop._evaluate import unimplemented_options
 from agentinfra.errors import ConfigError, TaskEnvironmentError
 
 __all__ = [
@@ -106,8 +106,8 @@ OSWORLD_METRICS = frozenset((
 ))  # fmt: skip
 """Every evaluator func OSWorld defines: one we lack is "not implemented", any other is unknown."""
 GETTERS = ("vm_file", "cloud_file", "rule", "rule_relativeTime", "vm_command_line",
-           "accessibility_tree", "gimp_config_file", "vlc_config")  # fmt: skip
-"""Result and expected getters we implement."""
+           "accessibility_tree", "gimp_config_file", "vlc_config", *CHROME_GETTERS)  # fmt: skip
+"""Result and expected getters we implement (Chrome's: those that read its profile's files)."""
 
 
 def app_config_path(spec: dict[str, Any]) -> str:
@@ -147,10 +147,20 @@ OSWORLD_GETTERS = frozenset((
 ))  # fmt: skip
 """Every getter type OSWorld defines."""
 _SHIPPED_APPS = {"soffice", "libreoffice", "localc", "lowriter", "loimpress", "mousepad",
-                 "xterm", "bash", "sh", "python3", "python", "gimp", "vlc", "thunderbird"}  # fmt: skip
-_APPS_NOT_SHIPPED = {"google-chrome": "Google Chrome", "chrome": "Google Chrome",
-                     "chromium": "a browser with the live web", "code": "VS Code",
-                     "nautilus": "Nautilus", "gnome-terminal": "GNOME Terminal"}  # fmt: skip
+                 "xterm", "bash", "sh", "python3", "python", "gimp", "vlc", "thunderbird",
+                 "google-chrome", "google-chrome-stable", "chromium"}  # fmt: skip
+"""Programs the desktop starts that the host may lack (``google-chrome`` is Chromium's launcher
+in the desktop, `_controller._browser_launchers`)."""
+_APPS_NOT_SHIPPED = {"code": "VS Code", "nautilus": "Nautilus",
+                     "gnome-terminal": "GNOME Terminal"}  # fmt: skip
+_LENIENT_HERE = {
+    "data_delete_automacally": (
+        "data_delete_automacally reads 'true' when the profile has any "
+        "default_content_setting_values, which this desktop's Chromium writes on its first run: "
+        "a do-nothing episode would pass"
+    ),
+}  # fmt: skip
+"""Getters we implement whose reading of this desktop's browser scores a do-nothing episode 1."""
 _OFFICE = {".xlsx", ".xls", ".ods", ".csv", ".docx", ".doc", ".odt", ".rtf", ".pptx", ".ppt",
            ".odp"}  # fmt: skip
 _TEXT = {".txt", ".md", ".py", ".json", ".sh", ".log", ".ini", ".conf", ".html", ".xml"}
@@ -554,6 +564,8 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
                 continue
             if spec["type"] not in GETTERS:
                 return Support(False, f"not implemented: {spec['type']} (an OSWorld {key} getter)")
+            if spec["type"] in _LENIENT_HERE:
+                return Support(False, _LENIENT_HERE[spec["type"]])
             if spec["type"] == "gimp_config_file":
                 try:
                     app_config_path(spec)
