@@ -36,6 +36,12 @@ desktop() {
   want thunderbird thunderbird
   [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
   want socat socat
+  # tools OSWorld's task setups install with sudo apt-get (the desktop's sudo accepts those present)
+  want unzip unzip
+  want jq jq
+  want xsel xsel
+  want sar sysstat
+  want expect expect
   [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
   /usr/bin/python3 -c 'import pyatspi' >/dev/null 2>&1 || need+=(python3-pyatspi)
   /usr/bin/python3 -c 'import tkinter' >/dev/null 2>&1 || need+=(python3-tk)

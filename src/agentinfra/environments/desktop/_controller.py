@@ -70,7 +70,7 @@ class Controller:
         if not os.path.exists(xauth):
             open(xauth, "ab").close()
         started = time.monotonic()
-        _browser_launchers()
+        _launchers()
         self._spawn(["Xvfb", DISPLAY, "-screen", "0", f"{width}x{height}x24", "-nolisten", "tcp",
                      "-nolisten", "unix", "-listen", "unix", "-noreset"])  # fmt: skip
         socket = "/tmp/.X11-unix/X" + DISPLAY[1:]
@@ -446,12 +446,49 @@ def _visible_cells(table: Any, into: Any, pyatspi: Any) -> None:
 
 
 LAUNCHERS = "/tmp/work/bin"
-"""First on the desktop's PATH: ``google-chrome`` as OSWorld's tasks start it."""
+"""First on the desktop's PATH: ``google-chrome`` as OSWorld's tasks start it, and ``sudo``."""
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROME_FLAGS = ("--no-first-run", "--no-default-browser-check", "--password-store=basic",
                 "--disable-dev-shm-usage", "--test-type")  # fmt: skip
 """No first-run page or default-browser question, no keyring prompt, and no warning bar for
 flags (``--test-type``): the window a task starts is the browser alone."""
+
+
+SUDO = """#!/bin/sh
+# The desktop user has no root. OSWorld's setups use sudo to install tools with apt; a package
+# this desktop already has makes that a no-op, which is all this does. Anything else is refused.
+[ "$1" = "-S" ] && { shift; cat >/dev/null; }
+case "$1" in
+  apt|apt-get) shift ;;
+  *) echo "sudo: the desktop user has no root (only apt-get install of a package the desktop ships succeeds)" >&2; exit 1 ;;
+esac
+verb=""
+for word in "$@"; do
+  case "$word" in
+    -*) ;;
+    *) if [ -z "$verb" ]; then verb="$word"; continue; fi
+       if [ "$verb" = install ] && [ "$(dpkg-query -W -f='${Status}' "$word" 2>/dev/null)" != "install ok installed" ]; then
+         echo "sudo: package $word is not in this desktop, and the desktop user has no root to install it" >&2; exit 100
+       fi ;;
+  esac
+done
+case "$verb" in
+  update|install) exit 0 ;;
+  *) echo "sudo: the desktop user has no root (apt-get $verb refused)" >&2; exit 1 ;;
+esac
+"""
+"""``sudo`` in the desktop: ``apt-get update`` and ``apt-get install`` of installed packages succeed
+without doing anything; everything else fails with one line."""
+
+
+def _launchers() -> None:
+    """The programs first on the desktop's PATH: ``sudo`` (`SUDO`) and the browser's launcher."""
+    os.makedirs(LAUNCHERS, exist_ok=True)
+    path = os.path.join(LAUNCHERS, "sudo")
+    with open(path, "w") as handle:
+        handle.write(SUDO)
+    os.chmod(path, 0o755)
+    _browser_launchers()
 
 
 def _browser_launchers() -> None:

@@ -77,7 +77,7 @@ DESKTOP_PACKAGES = (
     "xvfb", "openbox", "dbus", "at-spi2-core", "python3-pyatspi", "python3-tk", "python3-venv",
     "xdotool", "wmctrl", "libreoffice-calc", "libreoffice-writer", "libreoffice-impress",
     "libreoffice-gtk3", "mousepad", "xterm", "fonts-dejavu-core", "gimp", "vlc", "thunderbird",
-    "chromium", "socat",
+    "chromium", "socat", "unzip", "jq", "xsel", "sysstat", "expect",
 )  # fmt: skip
 """The Debian packages a desktop needs (scripts/system-deps.sh installs them)."""
 _SYSTEM_PATHS = (
@@ -86,6 +86,7 @@ _SYSTEM_PATHS = (
     "/etc/mime.types", "/etc/localtime", "/etc/bash.bashrc", "/etc/profile", "/etc/inputrc",
     "/etc/papersize", "/etc/python3", "/etc/python3.11", "/etc/dconf", "/etc/nsswitch.conf",
     "/etc/terminfo", "/etc/shells", "/var/cache/fontconfig", "/etc/gimp", "/etc/thunderbird", "/etc/chromium", "/etc/chromium.d",
+    "/var/lib/dpkg/status",
 )  # fmt: skip
 """What the desktop sees of the machine, read-only: programs, libraries, fonts and their settings."""
 
@@ -114,10 +115,12 @@ _TEMPLATE = {
     ".bashrc": "PS1='user@desktop:\\w\\$ '\n",
     ".config/libreoffice/4/user/registrymodifications.xcu": _LIBREOFFICE_SETTINGS,
     ".config/vlc/vlcrc": "qt-privacy-ask=0\nmetadata-network-access=0\n",
+    ".config/google-chrome/Default/Preferences": "{}",
 }
 """The pristine home every episode starts from: standard folders, LibreOffice without first-run dialogs
 or the "keep current format" question, VLC without its first-run network question (the desktop has no
-network), an empty X authority file (pyautogui wants one)."""
+network), a Chrome profile's Preferences (OSWorld's image holds a used profile: some setups edit its
+Preferences before they start the browser), an empty X authority file (pyautogui wants one)."""
 
 
 def desktop_python() -> Path:
