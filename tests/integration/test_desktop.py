@@ -140,8 +140,16 @@ async def _shipped_apps() -> None:
         )["output"]
         assert "Default" in profile.split(), profile  # where OSWorld's getters read
         for command, code, said in (
-            ("echo pw | sudo -S apt-get update -y && echo pw | sudo -S apt-get install -y unzip", 0, ""),
-            ("sudo apt install no-such-package", 100, "package no-such-package is not in this desktop"),
+            (
+                "echo pw | sudo -S apt-get update -y && echo pw | sudo -S apt-get install -y unzip",
+                0,
+                "",
+            ),
+            (
+                "sudo apt install no-such-package",
+                100,
+                "package no-such-package is not in this desktop",
+            ),
             ("sudo rm -rf /home/user/Desktop", 1, "the desktop user has no root"),
         ):  # OSWorld's setups install tools with sudo; the desktop has them and no root
             done = await session.request("execute", command=command, shell=True, timeout=10)

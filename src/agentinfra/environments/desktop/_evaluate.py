@@ -1924,11 +1924,13 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     scores: list[float] = []
     errors: list[str] = []
+    values: list[Any] = []
     for func, result_spec, expected_spec, options in zip(
         request["funcs"], request["results"], request["expected"], request["options"], strict=True
     ):
+        values.append(None)
         try:
-            result = resolve(result_spec)
+            result = values[-1] = resolve(result_spec)
             expected = resolve(expected_spec)
             options = {k: v for k, v in (options or {}).items() if not k.startswith("_")}
             missing = unimplemented_options(func, options)
@@ -1940,7 +1942,10 @@ def main() -> None:
         except Exception as exc:
             scores.append(0.0)
             errors.append(f"{func}: {type(exc).__name__}: {exc}"[:1000])
-    print(json.dumps({"scores": scores, "errors": errors}))
+    reply: dict[str, Any] = {"scores": scores, "errors": errors}
+    if request.get("values"):  # the result getters' values too (the differential benchmark)
+        reply["values"] = values
+    print(json.dumps(reply, default=str))
 
 
 if __name__ == "__main__":
