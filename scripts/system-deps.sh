@@ -34,7 +34,7 @@ desktop() {
   want gimp gimp
   want vlc vlc
   want thunderbird thunderbird
-  [ -x /usr/lib/chromium/chromium ] || need+=(chromium)
+  want chromium chromium
   want socat socat
   # tools OSWorld's task setups install with sudo apt-get (the desktop's sudo accepts those present)
   want unzip unzip

@@ -34,7 +34,10 @@ def test_missing_packages_are_named_with_the_command(tmp_path: Path) -> None:
         "system-deps: missing util-linux xvfb openbox dbus xdotool wmctrl "
     )
     assert (
-        "redis-server redis-tools chromium; install them with: sudo apt-get install -y util-linux"
+        "thunderbird chromium socat unzip jq xsel sysstat expect" in out.stderr
+    )  # the desktop's, OSWorld's Chrome tasks and their setups' tools included
+    assert (
+        "redis-server redis-tools; install them with: sudo apt-get install -y util-linux"
         in out.stderr
     )
     assert out.stderr.count("\n") == 1  # one line
@@ -46,6 +49,7 @@ def test_desktop_names_the_desktop_packages(tmp_path: Path) -> None:
     assert "xvfb openbox" in out.stderr
     assert "libreoffice-calc" in out.stderr
     assert "xterm" in out.stderr
+    assert "chromium socat" in out.stderr
     assert "redis" not in out.stderr
 
 
