@@ -139,10 +139,8 @@ def chrome_tasks(osworld: Path | None) -> list[dict[str, Any]]:
     found = []
     for path in selected_task_files(osworld, osworld / "evaluation_examples" / "test_all.json"):
         task = load_desktop_task(path)
-        if (
-            not support(task, None).supported
-            and "not in the mirror" not in support(task, None).reason
-        ):
+        verdict = support(task, None)  # no mirror: a task refused only for its files counts
+        if not verdict.supported and "not in the mirror" not in verdict.reason:
             continue
         for func, result, expected, options in zip(task.funcs, task.specs("result"), task.specs("expected"),
                                                    task.specs("options"), strict=True):  # fmt: skip

@@ -482,13 +482,19 @@ without doing anything; everything else fails with one line."""
 
 
 def _launchers() -> None:
-    """The programs first on the desktop's PATH: ``sudo`` (`SUDO`) and the browser's launcher."""
+    """The programs first on the desktop's PATH (put first here, for every process the
+    controller starts): ``sudo`` (`SUDO`) and the browser's launchers."""
     os.makedirs(LAUNCHERS, exist_ok=True)
-    path = os.path.join(LAUNCHERS, "sudo")
-    with open(path, "w") as handle:
-        handle.write(SUDO)
-    os.chmod(path, 0o755)
+    os.environ["PATH"] = f"{LAUNCHERS}:{os.environ.get('PATH', '')}"
+    _write_program("sudo", SUDO)
     _browser_launchers()
+
+
+def _write_program(name: str, text: str) -> None:
+    path = os.path.join(LAUNCHERS, name)
+    with open(path, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o755)
 
 
 def _browser_launchers() -> None:
@@ -500,7 +506,6 @@ def _browser_launchers() -> None:
     down cleanly and writes its settings, as Google Chrome does."""
     if not os.path.exists(CHROMIUM):
         return
-    os.makedirs(LAUNCHERS, exist_ok=True)
     script = (
         "#!/bin/sh\n"
         'ulimit -S -v "$(ulimit -H -v)"\n'
@@ -512,10 +517,7 @@ def _browser_launchers() -> None:
         'exit "$status"\n'
     )
     for name in ("google-chrome", "google-chrome-stable"):
-        path = os.path.join(LAUNCHERS, name)
-        with open(path, "w") as handle:
-            handle.write(script)
-        os.chmod(path, 0o755)
+        _write_program(name, script)
 
 
 def main() -> None:

@@ -42,6 +42,7 @@ from agentinfra.environments.desktop._session import (
 )
 from agentinfra.environments.desktop._task import (
     DesktopTask,
+    _command_words,
     mirror_file,
     mirror_hint,
     placeholders,
@@ -166,14 +167,11 @@ async def run_setup_step(
             if not reply.get("ok"):
                 raise StepFailedError(f"download to {path} failed: {reply.get('error')}")
     elif kind == "launch":
-        command = fill(params["command"])
-        words = command.split() if isinstance(command, str) else command
-        windowless = bool(words) and Path(str(words[0])).name in _WINDOWLESS
+        command, shell = fill(params["command"]), bool(params.get("shell"))
+        words = _command_words(command, shell)
+        windowless = bool(words) and words[0] in _WINDOWLESS
         reply = await session.request(
-            "launch",
-            command=command,
-            shell=bool(params.get("shell")),
-            wait_s=0 if windowless else 15,
+            "launch", command=command, shell=shell, wait_s=0 if windowless else 15
         )
         if not reply.get("ok"):
             raise StepFailedError(f"{params['command']!r} did not start: {reply.get('error')}")

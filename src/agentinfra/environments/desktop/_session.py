@@ -282,7 +282,7 @@ class DesktopSession:
         venv = python.parent.parent
         env = {
             "HOME": HOME, "USER": "user", "LOGNAME": "user", "SHELL": "/bin/bash",
-            "PATH": f"/tmp/work/bin:{venv}/bin:/usr/local/bin:/usr/bin:/bin", "DISPLAY": ":0", "LANG": "C.UTF-8",
+            "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin", "DISPLAY": ":0", "LANG": "C.UTF-8",
             "XDG_RUNTIME_DIR": "/tmp/runtime-user", "SAL_USE_VCLPLUGIN": "gtk3",
             "PYTHONDONTWRITEBYTECODE": "1", "NO_AT_BRIDGE": "0", "TERM": "xterm",
         }  # fmt: skip
