@@ -97,6 +97,14 @@ class ServerMetrics:
         self.bytes_sent = Counter(
             f"{_PREFIX}_server_sent_bytes", "Bytes sent to clients", registry=r
         )
+        self.shm_bytes = Counter(
+            f"{_PREFIX}_server_shm_written_bytes",
+            "Bytes of GET_SHM answers written into clients' shared segments",
+            registry=r,
+        )
+        self.shm_segments = Gauge(
+            f"{_PREFIX}_shm_segments", "Clients' shared segments mapped", registry=r
+        )
         r.register(_StoreCollector(store))
 
     def render(self) -> bytes:

@@ -48,6 +48,7 @@ __all__ = [
     "decode_lineage",
     "decode_u32s",
     "decode_session",
+    "decode_shm_get",
     "decode_u32",
     "encode_error",
     "encode_header",
@@ -56,6 +57,7 @@ __all__ = [
     "encode_keys",
     "encode_lineage",
     "encode_session",
+    "encode_shm_get",
     "encode_u32",
     "parse_header",
 ]
@@ -84,6 +86,7 @@ class Op(enum.IntEnum):
     SESSION = 8
     LINEAGE = 9
     TIER_HITS = 10
+    GET_SHM = 11
     ERROR = 0x7F
 
 
@@ -248,6 +251,24 @@ def decode_blocks(payload: bytes | bytearray | memoryview) -> list[memoryview]:
     if offset != len(view):
         raise ProtocolError(Status.BAD_REQUEST, f"{len(view) - offset} bytes after the last block")
     return blocks
+
+
+_SHM_GET = struct.Struct("<QQ")
+
+
+def encode_shm_get(offset: int, capacity: int, keys: Sequence[bytes]) -> bytes:
+    """A GET_SHM request: where in the connection's segment the answer goes, then ``keys``."""
+    return _SHM_GET.pack(offset, capacity) + encode_keys(keys)
+
+
+def decode_shm_get(payload: bytes | bytearray | memoryview) -> tuple[int, int, list[BlockKey]]:
+    """(offset, capacity, keys) of a GET_SHM request."""
+    if len(payload) < _SHM_GET.size:
+        raise ProtocolError(
+            Status.BAD_REQUEST, f"GET_SHM payload of {len(payload)} bytes is truncated"
+        )
+    offset, capacity = _SHM_GET.unpack_from(payload)
+    return int(offset), int(capacity), decode_keys(memoryview(payload)[_SHM_GET.size :])
 
 
 def encode_hello(tenant: str, token: str) -> bytes:

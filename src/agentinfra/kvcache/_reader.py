@@ -12,6 +12,12 @@ verified: memory written by a failed block holds garbage until then.
 
 Requests are pipelined: ``depth`` GETs of ``chunk_blocks`` each are in flight, so
 the server sends the next chunk while this thread verifies the last.
+
+On the server's machine, ``shm_socket`` (``kv serve --shm-socket``) takes the
+same-host path instead (`agentinfra.kvcache._shm`): the reader hands the server a
+sealed segment of ``segment_bytes``, split into ``depth`` slots; each GET_SHM has
+the server write a chunk into a slot, and this thread copies each block from
+there into its views and verifies it where it landed, as over TCP.
 """
 
 from __future__ import annotations
@@ -41,14 +47,18 @@ from agentinfra.kvcache._protocol import (
     encode_header,
     encode_hello,
     encode_keys,
+    encode_shm_get,
     parse_header,
 )
+from agentinfra.kvcache._shm import Segment, create_segment, send_segment
 
 __all__ = ["BlockReader", "ReadReport"]
 
 _SCRATCH = 1 << 20
 _GATHER = 512
 _RECEIVE_BUFFER = 8 << 20
+DEFAULT_SEGMENT_BYTES = 3 * (32 << 20) + (64 << 10)
+"""Three 32 MiB slots: the vLLM connector's default load (``load_chunk_mib`` 32, ``load_depth`` 3)."""
 
 
 @dataclass
@@ -59,6 +69,8 @@ class ReadReport:
     receive_s: float = 0.0
     """Time in the socket (waiting for and receiving the payloads)."""
     verify_s: float = 0.0
+    copy_s: float = 0.0
+    """Time copying out of the shared segment (the same-host path only)."""
     requests: int = 0
     failure: str = ""
     """Why the run stopped short: missing, corrupt or not loadable; empty when it did not."""
@@ -80,17 +92,24 @@ class BlockReader:
         tenant: str = "",
         token: str = "",
         timeout_s: float = 30.0,
+        shm_socket: str | None = None,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     ) -> None:
         self.host, self.port = host, port
-        try:
-            self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        except OSError as exc:
-            raise TierUnavailableError(
-                f"cannot reach the kv server at {host}:{port}: {exc} (is `agentinfra kv serve` running?)"
-            ) from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with contextlib.suppress(OSError):  # capped by net.core.rmem_max: smaller only slows it
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
+        self.segment: Segment | None = None
+        self.where = shm_socket or f"{host}:{port}"
+        if shm_socket:
+            self._sock = self._connect_shm(shm_socket, segment_bytes, timeout_s)
+        else:
+            try:
+                self._sock = socket.create_connection((host, port), timeout=timeout_s)
+            except OSError as exc:
+                raise TierUnavailableError(
+                    f"cannot reach the kv server at {host}:{port}: {exc} (is `agentinfra kv serve` running?)"
+                ) from None
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # capped by net.core.rmem_max: smaller only slows it
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER)
         self._ids = itertools.count(1)
         self._head = bytearray(HEADER.size)
         self._small = bytearray(8 + HEADER_BYTES)
@@ -107,6 +126,22 @@ class BlockReader:
             self.max_frame_bytes, int(info.get("max_frame_bytes", 0)) or self.max_frame_bytes
         )
 
+    def _connect_shm(self, path: str, segment_bytes: int, timeout_s: float) -> socket.socket:
+        self.segment = create_segment(segment_bytes)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+            send_segment(sock, self.segment)
+        except OSError as exc:
+            sock.close()
+            self.segment.close()
+            raise TierUnavailableError(
+                f"cannot reach the kv server's shared-memory socket {path}: {exc} "
+                "(is `agentinfra kv serve --shm-socket` running on this machine?)"
+            ) from None
+        return sock
+
     # -- plumbing ----------------------------------------------------------------
 
     def _send(self, op: Op, payload: bytes) -> int:
@@ -120,13 +155,13 @@ class BlockReader:
         except TimeoutError:
             self.close()
             raise TierUnavailableError(
-                f"the kv server at {self.host}:{self.port} did not answer within "
+                f"the kv server at {self.where} did not answer within "
                 f"{self._sock.gettimeout()} s (timeout_s)"
             ) from None
         except OSError as exc:
             self.close()
             raise TierUnavailableError(
-                f"connection to the kv server at {self.host}:{self.port}: {exc}"
+                f"connection to the kv server at {self.where}: {exc}"
             ) from None
 
     def _exactly(self, views: Sequence[memoryview]) -> None:
@@ -136,9 +171,7 @@ class BlockReader:
             got = self._io(self._sock.recvmsg_into, pending[:_GATHER])[0]
             if got == 0:
                 self.close()
-                raise TierUnavailableError(
-                    f"the kv server at {self.host}:{self.port} closed the connection"
-                )
+                raise TierUnavailableError(f"the kv server at {self.where} closed the connection")
             while got:
                 if got >= len(pending[0]):
                     got -= len(pending.pop(0))
@@ -201,23 +234,43 @@ class BlockReader:
             raise ConfigError(f"a block of {payload_bytes} bytes is over the server's maximum frame "
                               f"{self.max_frame_bytes} (kv serve --max-frame)")  # fmt: skip
         chunk_blocks = min(chunk_blocks, frame_room)
+        slot = 0
+        if self.segment is not None:
+            slot = self.segment.size // depth
+            room = (slot - 4) // (8 + HEADER_BYTES + payload_bytes)
+            if room < 1:
+                raise ConfigError(f"a block of {payload_bytes} bytes does not fit a slot of the "
+                                  f"{self.segment.size}-byte shared segment split {depth} ways "
+                                  "(segment_bytes, or a smaller depth)")  # fmt: skip
+            chunk_blocks = min(chunk_blocks, room)
         report = ReadReport()
         chunks = [(s, min(s + chunk_blocks, len(keys))) for s in range(0, len(keys), chunk_blocks)]
         in_flight: list[int] = []
 
         def ask(index: int) -> None:
             begin, end = chunks[index]
-            in_flight.append(self._send(Op.GET, encode_keys(list(keys[begin:end]))))
+            wanted = list(keys[begin:end])
+            if self.segment is None:
+                in_flight.append(self._send(Op.GET, encode_keys(wanted)))
+            else:
+                where = (index % depth) * slot
+                in_flight.append(self._send(Op.GET_SHM, encode_shm_get(where, slot, wanted)))
             report.requests += 1
 
         for index in range(min(depth, len(chunks))):
             ask(index)
         for index, (begin, end) in enumerate(chunks):
             request_id = in_flight.pop(0)
+            op = Op.GET if self.segment is None else Op.GET_SHM
             if report.failure:  # drop the answers already asked for
-                self._skip(self._frame(request_id, Op.GET).payload_len)
+                self._skip(self._frame(request_id, op).payload_len)
                 continue
-            self._chunk(request_id, keys, begin, end, regions, payload_bytes, accept, report)
+            if self.segment is None:
+                self._chunk(request_id, keys, begin, end, regions, payload_bytes, accept, report)
+            else:
+                where = (index % depth) * slot
+                self._chunk_shm(request_id, keys, begin, end, where, regions, payload_bytes,
+                                accept, report)  # fmt: skip
             if not report.failure and index + depth < len(chunks):
                 ask(index + depth)
         return report
@@ -284,8 +337,76 @@ class BlockReader:
                 f"missing: the server holds {count} of the chunk's {end - begin} blocks"
             )
 
+    def _chunk_shm(
+        self,
+        request_id: int,
+        keys: Sequence[BlockKey],
+        begin: int,
+        end: int,
+        where: int,
+        regions: Callable[[int], Sequence[memoryview]],
+        payload_bytes: int,
+        accept: Callable[[BlockHeader], bool],
+        report: ReadReport,
+    ) -> None:
+        """One GET_SHM answer: its blocks are in the slot at ``where``; copy each into its views."""
+        assert self.segment is not None
+        started = time.perf_counter()
+        answer = self._answer(request_id, Op.GET_SHM)
+        report.receive_s += time.perf_counter() - started
+        if len(answer) != 12:
+            self.close()
+            raise ProtocolError(Status.BAD_FRAME, f"a GET_SHM answer of {len(answer)} bytes")
+        count, written = int.from_bytes(answer[:4], "little"), int.from_bytes(answer[4:], "little")
+        segment = self.segment.view
+        if count > end - begin or written > self.segment.size - where:
+            self.close()
+            raise ProtocolError(Status.BAD_FRAME, f"GET_SHM answered {count} blocks in {written} "
+                                f"bytes for {end - begin} keys")  # fmt: skip
+        position = where + 4
+        for index in range(count):
+            size = int.from_bytes(segment[position : position + 8], "little")
+            try:
+                block = decode_header(
+                    segment[position + 8 : position + 8 + HEADER_BYTES], length=size
+                )
+            except BlockFormatError as exc:
+                report.failure = f"not a block: {exc}"
+                return
+            if (
+                size != HEADER_BYTES + payload_bytes
+                or block.key != keys[begin + index]
+                or not accept(block)
+            ):
+                report.failure = "not loadable: another key, size, dtype or layout"
+                return
+            copied = time.perf_counter()
+            source = position + 8 + HEADER_BYTES
+            views = regions(begin + index)
+            for view in views:
+                view[:] = segment[source : source + len(view)]
+                source += len(view)
+            position = source
+            verified = time.perf_counter()
+            report.copy_s += verified - copied
+            digest = xxhash.xxh3_64()
+            for view in views:
+                digest.update(view)
+            report.verify_s += time.perf_counter() - verified
+            if digest.intdigest() != block.checksum:
+                report.failure = "corrupt: a block failed its checksum where it landed"
+                return
+            report.verified += 1
+            report.bytes += payload_bytes
+        if count < end - begin:
+            report.failure = (
+                f"missing: the server holds {count} of the chunk's {end - begin} blocks"
+            )
+
     def close(self) -> None:
         self._sock.close()
+        if self.segment is not None:
+            self.segment.close()
 
     def __enter__(self) -> BlockReader:
         return self

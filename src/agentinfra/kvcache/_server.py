@@ -24,11 +24,12 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import os
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,13 @@ from agentinfra.kvcache._protocol import (
     decode_keys,
     decode_lineage,
     decode_session,
+    decode_shm_get,
     encode_error,
     encode_header,
     encode_json,
     encode_u32,
 )
+from agentinfra.kvcache._shm import PREAMBLE, Segment, adopt_segment, write_blocks
 from agentinfra.kvcache._store import TieredStore
 from agentinfra.kvcache._tier_lookup import TierLookup, tenant_prefix
 
@@ -70,6 +73,8 @@ _U16 = struct.Struct("<H")
 _T = TypeVar("_T")
 _MAX_QUEUED_FRAMES = 64
 _LARGE_RESPONSE = 1024 * 1024
+_SHM_ANSWER = struct.Struct("<IQ")
+_PREAMBLE_TIMEOUT_S = 5.0
 
 
 def tenant_key(tenant: str, key: bytes) -> BlockKey:
@@ -123,8 +128,15 @@ class ServerConfig:
     """Port of the Prometheus ``/metrics`` endpoint on ``host``; None for none, 0 for any."""
     events: EventsConfig | None = None
     """Publish the memory and disk tiers' blocks as vLLM KV events (ZMQ); None for none."""
+    shm_socket: Path | None = None
+    """A Unix socket for engines on this machine, whose GETs come through a shared segment
+    (docs/protocol.md, section 9); None for none. Created with mode 0600."""
+    shm_max_bytes: int = 1 << 30
+    """The largest segment a client may hand over."""
 
     def __post_init__(self) -> None:
+        if self.shm_max_bytes < 4096:
+            raise ConfigError(f"shm_max_bytes={self.shm_max_bytes} must be >= 4096 (--shm-max)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port={self.port} must be in 0..65535 (--port)")
         if self.max_frame_bytes < 1024:
@@ -143,8 +155,10 @@ class ServerConfig:
 
 
 class _Connection:
-    def __init__(self, server: CacheServer) -> None:
+    def __init__(self, server: CacheServer, segment: Segment | None = None) -> None:
         self.server = server
+        self.segment = segment
+        """The client's shared segment (a connection on the shm socket); GET_SHM writes there."""
         self.frames: asyncio.Queue[
             tuple[FrameHeader, bytearray | memoryview] | ProtocolError | None
         ] = asyncio.Queue()
@@ -214,6 +228,9 @@ class _Connection:
             metrics.connections.dec()
             self._count_bytes()
             self.protocol.close()
+            if self.segment is not None:
+                self.segment.close()
+                metrics.shm_segments.dec()
 
     def _count_bytes(self) -> None:
         received, sent = self.protocol.bytes_received, self.protocol.bytes_sent
@@ -250,15 +267,22 @@ class _Connection:
             self.server.metrics.queries.inc(len(keys))
             hits = self.server.inline(store.try_leading_hits_resident, keys)
             return [encode_u32(hits if hits is not None else await call(store.leading_hits, keys))]
-        if op is Op.GET:
-            # Memory holds only blocks verified on their way in, and the client verifies
-            # every block it receives: checking them here too would cost as much as the socket.
-            found = self.server.inline(
-                functools.partial(store.try_get_resident, verify=False), keys
+        if op is Op.GET_SHM:
+            if self.segment is None:
+                raise ProtocolError(
+                    Status.BAD_REQUEST,
+                    "GET_SHM needs a connection on the shared-memory socket (kv serve --shm-socket)",
+                )
+            offset, capacity, client_keys = decode_shm_get(payload)
+            keys = [tenant_key(tenant, k) for k in client_keys]
+            blocks = await self._get(keys)
+            count, written = write_blocks(
+                self.segment.view, offset, capacity, self._answered(blocks, client_keys)
             )
-            blocks = found if found is not None else await call(store.get, keys)
-            self.server.metrics.queries.inc(len(keys))
-            self.server.metrics.hits.inc(len(blocks))
+            self.server.metrics.shm_bytes.inc(written)
+            return [_SHM_ANSWER.pack(count, written)]
+        if op is Op.GET:
+            blocks = await self._get(keys)
             room = self.server.config.max_frame_bytes - 4
             fit = 0
             for block in blocks:  # a longer run than one frame holds: the client asks again
@@ -266,12 +290,9 @@ class _Connection:
                 if room < 0:
                     break
                 fit += 1
-            blocks = blocks[:fit]
-            pieces: list[Any] = [encode_u32(len(blocks))]
-            for block, key in zip(blocks, client_keys, strict=False):
-                head = bytearray(memoryview(block.payload.obj)[:HEADER_BYTES])
-                head[_KEY_OFFSET:HEADER_BYTES] = key
-                pieces += [block_prefix(HEADER_BYTES + len(block.payload)), head, block.payload]
+            pieces: list[Any] = [encode_u32(fit)]
+            for head, data in self._answered(blocks[:fit], client_keys):
+                pieces += [block_prefix(HEADER_BYTES + len(data)), head, data]
             return pieces
         if op is Op.TIER_HITS:
             return [
@@ -301,6 +322,27 @@ class _Connection:
                 result["key"] = client_keys[explanation.first_missing].hex()
             return [encode_json(result)]
         raise ProtocolError(Status.UNKNOWN_OPCODE, f"opcode {op.name} is not a request")
+
+    async def _get(self, keys: list[BlockKey]) -> list[Any]:
+        """The leading run of ``keys`` (store keys) for a GET: inline from memory when it can."""
+        store = self.server.store
+        # Memory holds only blocks verified on their way in, and the client verifies
+        # every block it receives: checking them here too would cost as much as the socket.
+        found = self.server.inline(functools.partial(store.try_get_resident, verify=False), keys)
+        blocks = found if found is not None else await self.server.call(store.get, keys)
+        self.server.metrics.queries.inc(len(keys))
+        self.server.metrics.hits.inc(len(blocks))
+        return blocks
+
+    @staticmethod
+    def _answered(
+        blocks: Sequence[Any], client_keys: Sequence[BlockKey]
+    ) -> Iterator[tuple[bytearray, memoryview]]:
+        """Each block as the client gets it: its header naming the client's key, and its payload."""
+        for block, key in zip(blocks, client_keys, strict=False):
+            head = bytearray(memoryview(block.payload.obj)[:HEADER_BYTES])
+            head[_KEY_OFFSET:HEADER_BYTES] = key
+            yield head, block.payload
 
     def _tier_hits(
         self, tenant: str, payload: bytes | bytearray | memoryview, wait: bool = False
@@ -401,6 +443,76 @@ class _Connection:
             lookup.settle([key for key, _ in items])
 
 
+def _listen_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path`` (mode 0600); a stale socket file there is replaced.
+
+    Raises:
+        ConfigError: something other than a socket is there, another server listens there,
+            or the directory refuses it (``--shm-socket``).
+    """
+    if path.is_socket():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: a crashed server's
+        else:
+            raise ConfigError(f"another server listens on {path} (--shm-socket)")
+        finally:
+            probe.close()
+    elif path.exists():
+        raise ConfigError(f"{path} exists and is not a socket; choose another --shm-socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old = os.umask(0o177)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old)
+        listener.listen(128)
+        listener.setblocking(False)
+    except OSError as exc:
+        listener.close()
+        raise ConfigError(f"cannot listen on {path}: {exc.strerror} (--shm-socket)") from None
+    return listener
+
+
+async def _receive_fds(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int
+) -> tuple[bytes, list[int]]:
+    """``size`` bytes and the descriptors that came with them, from a non-blocking Unix socket.
+    On any failure (a cancellation included) the descriptors received so far are closed."""
+    data, fds = b"", []
+    try:
+        while len(data) < size:
+            ready = loop.create_future()
+            loop.add_reader(conn.fileno(), _wake_once, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(conn.fileno())
+            try:
+                got, more, flags, _ = socket.recv_fds(conn, size - len(data), 4)
+            except BlockingIOError:
+                continue
+            fds += more
+            if flags & socket.MSG_CTRUNC:
+                raise ProtocolError(Status.BAD_REQUEST, "the preamble carried over 4 descriptors")
+            if not got:
+                raise ProtocolError(Status.BAD_REQUEST, "the connection closed before its preamble")
+            data += got
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return data, fds
+
+
+def _wake_once(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
 def _log_failure(future: asyncio.Future[None]) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("writing deferred blocks failed: %s", future.exception())
@@ -422,6 +534,8 @@ class CacheServer:
         self.metrics_port: int | None = None
         self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="kv-store")
         self._server: asyncio.Server | None = None
+        self._shm_listener: socket.socket | None = None
+        self._shm_accepting: asyncio.Task[None] | None = None
         self._metrics_server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[_Connection] = set()
@@ -478,8 +592,8 @@ class CacheServer:
                 Status.UNAVAILABLE, f"store call took over {self.config.request_timeout_s}s"
             ) from None
 
-    def _accept(self) -> asyncio.BufferedProtocol:
-        connection = _Connection(self)
+    def _accept(self, segment: Segment | None = None) -> asyncio.BufferedProtocol:
+        connection = _Connection(self, segment)
         if len(self._connections) >= self.config.max_connections:
             error = ProtocolError(
                 Status.UNAVAILABLE, f"over {self.config.max_connections} connections"
@@ -524,12 +638,85 @@ class CacheServer:
                     f"{exc.strerror} (--metrics-port)"
                 ) from None
             self.metrics_port = self._metrics_server.sockets[0].getsockname()[1]
+        if self.config.shm_socket is not None:
+            try:
+                self._shm_listener = _listen_unix(self.config.shm_socket)
+            except ConfigError:
+                await self._stop_listening()
+                raise
+            self._shm_accepting = loop.create_task(self._accept_shm(self._shm_listener))
         self.store.watch(self.lookup.changed)
         if self.config.events is not None:
             self.events = StoreEvents(self.config.events)
             self.lookup.forward = self.events.changed
             logger.info("kv server: KV events on %s", self.events.endpoint)
         logger.info("kv server listening on %s:%d", self.config.host, self.port)
+
+    async def _accept_shm(self, listener: socket.socket) -> None:
+        """Accepts engines on the shared-memory socket; each hands its segment over first."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as exc:  # closed by `close`, or out of descriptors: keep serving TCP
+                if listener.fileno() < 0:
+                    return
+                logger.warning("kv server: shm socket accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = loop.create_task(self._adopt(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _adopt(self, conn: socket.socket) -> None:
+        """Maps the segment a new shm connection sends with its preamble, then serves it as TCP's."""
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        try:
+            preamble, fds = await asyncio.wait_for(
+                _receive_fds(loop, conn, len(PREAMBLE)), _PREAMBLE_TIMEOUT_S
+            )
+            segment = adopt_segment(fds, preamble, self.config.shm_max_bytes)
+        except (ProtocolError, TimeoutError, OSError) as exc:
+            error = (
+                exc
+                if isinstance(exc, ProtocolError)
+                else ProtocolError(
+                    Status.BAD_REQUEST,
+                    f"no segment within {_PREAMBLE_TIMEOUT_S} s: {exc or 'timed out'}",
+                )
+            )
+            logger.info("kv server: refusing an shm connection: %s", error)
+            payload = encode_error(Status(error.status), str(error).split(": ", 1)[-1])
+            with contextlib.suppress(OSError):
+                conn.setblocking(True)
+                conn.settimeout(1.0)
+                conn.sendall(encode_header(Op.ERROR, 0, len(payload), response=True) + payload)
+            conn.close()
+            return
+        self.metrics.shm_segments.inc()
+        try:
+            await loop.connect_accepted_socket(lambda: self._accept(segment), conn)
+        except OSError:
+            segment.close()
+            self.metrics.shm_segments.dec()
+            conn.close()
+
+    async def _stop_listening(self) -> None:
+        if self._shm_accepting is not None:
+            self._shm_accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._shm_accepting
+            self._shm_accepting = None
+        if self._shm_listener is not None:
+            self._shm_listener.close()
+            self._shm_listener = None
+            assert self.config.shm_socket is not None
+            with contextlib.suppress(OSError):
+                self.config.shm_socket.unlink()
+        for server in (self._server, self._metrics_server):
+            if server is not None:
+                server.close()
 
     async def serve_forever(self) -> None:
         if self._server is None:
@@ -539,9 +726,7 @@ class CacheServer:
 
     async def close(self) -> None:
         """Stops accepting, closes every connection, waits for handlers, stops the executor."""
-        for server in (self._server, self._metrics_server):
-            if server is not None:
-                server.close()
+        await self._stop_listening()
         for connection in list(self._connections):
             connection.protocol.close()
         if self._tasks:

@@ -1,9 +1,12 @@
 """`PagedKVLoader` against a real cache server: chunked, pipelined loads into paged KV tensors,
-received in place (`BlockReader`) or through staging buffers."""
+received in place (`BlockReader`, over TCP or the same-host shared segment) or through staging
+buffers."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,13 +34,18 @@ LAYERS, BLOCKS, TOKENS, HEADS, DIM = 3, 40, 16, 2, 8
 BLOCK_DIM = 1  # (2, blocks, tokens, heads, dim) per layer, as vLLM's CPU backend holds it
 
 
+SHM = Path(tempfile.gettempdir()) / f"agentinfra-test-loader-{id(object())}.sock"
+"""The servers' shared-memory socket (a short path: a Unix socket's is at most 107 bytes)."""
+
+
 @pytest.fixture
 def remote() -> Iterator[tuple[ServerThread, CacheRemote]]:
-    server = ServerThread(TieredStore(MemoryTier(64 << 20)), ServerConfig(port=0))
+    server = ServerThread(TieredStore(MemoryTier(64 << 20)), ServerConfig(port=0, shm_socket=SHM))
     remote = CacheRemote(ConnectorSettings(port=server.port, timeout_s=5), ConnectorCounters())
     yield server, remote
     remote.close()
     server.close()
+    assert not SHM.exists()  # the server removes its socket
 
 
 def paged(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -60,7 +68,7 @@ def stored(
     return list(keys), contents
 
 
-@pytest.fixture(params=["in-place", "staged"])
+@pytest.fixture(params=["in-place", "shm", "staged"])
 def path(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -68,12 +76,17 @@ def path(request: pytest.FixtureRequest) -> str:
 def loader(
     remote: CacheRemote, layers: list[torch.Tensor], path: str, port: int, **options: int
 ) -> PagedKVLoader:
+    depth = options.get("depth", 3)
+    chunk = options.get("chunk_bytes", 32 << 20)
+
     def connect() -> BlockReader:
+        if path == "shm":  # a slot per GET in flight, each a chunk
+            return BlockReader(shm_socket=str(SHM), segment_bytes=depth * (chunk + 4096), timeout_s=5)
         return BlockReader("127.0.0.1", port, timeout_s=5)
 
     made = PagedKVLoader(layers, BLOCK_DIM, remote.call, timeout_s=5,
-                         connect=connect if path == "in-place" else None, **options)  # fmt: skip
-    assert made.path == path
+                         connect=None if path == "staged" else connect, **options)  # fmt: skip
+    assert made.path == ("in-place" if path == "shm" else path)
     return made
 
 
