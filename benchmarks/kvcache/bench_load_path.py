@@ -12,6 +12,9 @@ the vLLM connector stores it):
 - ``loader``: `PagedKVLoader` (the connector's load) of the same prefix into
   paged torch KV tensors shaped as vLLM's CPU backend holds them, received in
   place by a `BlockReader`, with its stages;
+- ``loader_shm``: the same load over the same-host path (``kv serve --shm-socket``): the
+  server writes each chunk into a segment the loader shares with it, and the loader copies
+  each block out into the paged cache and verifies it there;
 - ``loader_staged``: the same through staging buffers over `CacheRemote` (the
   connector's background loop thread): the path for caches that are not
   contiguous CPU tensors;
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +99,7 @@ def before(remote: CacheRemote, layers: list[torch.Tensor], keys: list[BlockKey]
     return len(blocks)
 
 
-def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[str, Any]]:
+def run_size(port: int, shm: Path, block_bytes: int, rounds: int, ops: int) -> list[dict[str, Any]]:
     keys, blocks, layer_count = prefix(block_bytes, seed=block_bytes % 97)
     encoded = len(blocks[0])
     loop = asyncio.new_event_loop()
@@ -115,9 +119,12 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
     layers = paged(layer_count, len(keys) + 8)
     loader = PagedKVLoader(layers, 1, remote.call, timeout_s=60,
                            connect=lambda: BlockReader("127.0.0.1", port, timeout_s=60))  # fmt: skip
+    segment = 3 * (32 * MiB + 4096)  # the connector's default: 3 GETs of 32 MiB in flight
+    shared = PagedKVLoader(layers, 1, remote.call, timeout_s=60, connect=lambda: BlockReader(
+        shm_socket=str(shm), segment_bytes=segment, timeout_s=60))  # fmt: skip
     staged = PagedKVLoader(layers, 1, remote.call, timeout_s=60)
     ids = list(range(len(keys)))
-    reports: dict[str, list[Any]] = {"loader": [], "loader_staged": []}
+    reports: dict[str, list[Any]] = {"loader": [], "loader_shm": [], "loader_staged": []}
 
     def load(which: PagedKVLoader = loader, name: str = "loader") -> None:
         report = which.load(keys, ids)
@@ -134,6 +141,11 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
             "client_get_8": (lambda: get(eight, small), 8 * encoded, ops),
             "raw_get_prefix": (lambda: get(keys, whole), len(keys) * encoded, max(2, ops // 40)),
             "loader": (load, len(keys) * encoded, max(2, ops // 40)),
+            "loader_shm": (
+                lambda: load(shared, "loader_shm"),
+                len(keys) * encoded,
+                max(2, ops // 40),
+            ),
             "loader_staged": (
                 lambda: load(staged, "loader_staged"),
                 len(keys) * encoded,
@@ -149,6 +161,7 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
             for name, (op, size, count) in paths.items():
                 per_round.setdefault(name, []).append(size / timed(op, count) / 1e9)
     loader.close()
+    shared.close()
     remote.close()
     loop.run_until_complete(client.close())
     loop.close()
@@ -156,6 +169,7 @@ def run_size(port: int, block_bytes: int, rounds: int, ops: int) -> list[dict[st
     ratios = {
         "client_get_8": "raw_socket_8",
         "loader": "raw_get_prefix",
+        "loader_shm": "raw_get_prefix",
         "loader_staged": "raw_get_prefix",
         "loader_before": "raw_get_prefix",
     }
@@ -192,10 +206,14 @@ def main() -> None:
     rounds, ops = (2, 20) if args.smoke else (args.rounds, 200)
     env = environment()
     port = free_port()
-    server = server_process(port, None)
+    shm = Path(tempfile.mkdtemp(prefix="kv-load-")) / "shm.sock"
+    server = server_process(port, None, shm)
     try:
+        deadline = time.monotonic() + 10
+        while not shm.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         for block_bytes in LAYERS:
-            for row in run_size(port, block_bytes, rounds, ops):
+            for row in run_size(port, shm, block_bytes, rounds, ops):
                 emit({**row, **env}, args.out)
     finally:
         server.terminate()

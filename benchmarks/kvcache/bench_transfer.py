@@ -134,11 +134,15 @@ def raw_socket(size: int, repeat: int) -> dict[str, Any]:
         return measure("raw_socket", size, repeat, once)
 
 
-def server_process(port: int, disk: Path | None) -> subprocess.Popen[bytes]:
+def server_process(
+    port: int, disk: Path | None, shm_socket: Path | None = None
+) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "agentinfra", "kv", "serve", "--port", str(port), "--memory", "8GiB",
             "--metrics-port", str(free_port())]  # fmt: skip
     if disk is not None:
         args += ["--disk-dir", str(disk), "--disk", "16GiB"]
+    if shm_socket is not None:
+        args += ["--shm-socket", str(shm_socket)]
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(port)
     return process

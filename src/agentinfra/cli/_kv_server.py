@@ -126,6 +126,17 @@ def serve_command(
         str | None,
         typer.Option("--events-replay", help="ZMQ ROUTER address that replays missed batches."),
     ] = None,
+    shm_socket: Annotated[
+        Path | None,
+        typer.Option(
+            "--shm-socket",
+            help="Also listen on this Unix socket (mode 0600) for engines on this machine, whose "
+            "loads then come through shared memory (docs/protocol.md, section 9).",
+        ),
+    ] = None,
+    shm_max: Annotated[
+        str, typer.Option("--shm-max", help="Largest shared segment one engine may hand over.")
+    ] = "1GiB",
 ) -> None:
     """Serve a tiered KV-cache store over the agentinfra cache protocol (docs/protocol.md)."""
     if events_replay is not None and events is None:
@@ -143,6 +154,8 @@ def serve_command(
         events=None
         if events is None
         else EventsConfig(endpoint=events, replay_endpoint=events_replay),
+        shm_socket=shm_socket,
+        shm_max_bytes=parse_size(shm_max, knob="--shm-max"),
     )
     store = build_store(
         load_settings().kvcache, memory=memory, disk_dir=disk_dir, disk=disk,
@@ -164,7 +177,10 @@ def serve_command(
             else ""
         )
         published = f", KV events on {server.events.endpoint}" if server.events else ""
-        console.print(f"kv server listening on {where}{metrics}{published}", highlight=False)
+        shared = f", shared memory on {shm_socket}" if shm_socket else ""
+        console.print(
+            f"kv server listening on {where}{shared}{metrics}{published}", highlight=False
+        )
         await stop.wait()
         await server.close()
 

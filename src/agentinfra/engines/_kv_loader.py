@@ -170,6 +170,7 @@ class PagedKVLoader:
         else:
             report.loaded, report.bytes, report.chunks = read.verified, read.bytes, read.requests
             report.get_wait_s, report.verify_s = read.receive_s, read.verify_s
+            report.copy_s = read.copy_s  # out of the shared segment (0 over TCP: no copy)
             report.failure = read.failure
         report.wall_s = time.perf_counter() - started
         return report

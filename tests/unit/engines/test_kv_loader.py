@@ -81,7 +81,9 @@ def loader(
 
     def connect() -> BlockReader:
         if path == "shm":  # a slot per GET in flight, each a chunk
-            return BlockReader(shm_socket=str(SHM), segment_bytes=depth * (chunk + 4096), timeout_s=5)
+            return BlockReader(
+                shm_socket=str(SHM), segment_bytes=depth * (chunk + 4096), timeout_s=5
+            )
         return BlockReader("127.0.0.1", port, timeout_s=5)
 
     made = PagedKVLoader(layers, BLOCK_DIM, remote.call, timeout_s=5,
