@@ -535,7 +535,6 @@ class CacheServer:
         self._executor = ThreadPoolExecutor(self.config.workers, thread_name_prefix="kv-store")
         self._server: asyncio.Server | None = None
         self._shm_listener: socket.socket | None = None
-        self._shm_accepting: asyncio.Task[None] | None = None
         self._metrics_server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections: set[_Connection] = set()
@@ -644,7 +643,7 @@ class CacheServer:
             except ConfigError:
                 await self._stop_listening()
                 raise
-            self._shm_accepting = loop.create_task(self._accept_shm(self._shm_listener))
+            loop.add_reader(self._shm_listener.fileno(), self._accept_shm, self._shm_listener)
         self.store.watch(self.lookup.changed)
         if self.config.events is not None:
             self.events = StoreEvents(self.config.events)
@@ -652,18 +651,19 @@ class CacheServer:
             logger.info("kv server: KV events on %s", self.events.endpoint)
         logger.info("kv server listening on %s:%d", self.config.host, self.port)
 
-    async def _accept_shm(self, listener: socket.socket) -> None:
-        """Accepts engines on the shared-memory socket; each hands its segment over first."""
+    def _accept_shm(self, listener: socket.socket) -> None:
+        """Accepts engines waiting on the shared-memory socket (a reader callback, so that a
+        connection accepted as the server closes is never dropped unclosed); each hands its
+        segment over first, in `_adopt`."""
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(listener)
-            except OSError as exc:  # closed by `close`, or out of descriptors: keep serving TCP
-                if listener.fileno() < 0:
-                    return
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: keep serving, try at the next readiness
                 logger.warning("kv server: shm socket accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
+                return
             task = loop.create_task(self._adopt(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -694,6 +694,10 @@ class CacheServer:
                 conn.sendall(encode_header(Op.ERROR, 0, len(payload), response=True) + payload)
             conn.close()
             return
+        if self._shm_listener is None:  # the server closed while this one handed over
+            segment.close()
+            conn.close()
+            return
         self.metrics.shm_segments.inc()
         try:
             await loop.connect_accepted_socket(lambda: self._accept(segment), conn)
@@ -703,12 +707,8 @@ class CacheServer:
             conn.close()
 
     async def _stop_listening(self) -> None:
-        if self._shm_accepting is not None:
-            self._shm_accepting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._shm_accepting
-            self._shm_accepting = None
         if self._shm_listener is not None:
+            asyncio.get_running_loop().remove_reader(self._shm_listener.fileno())
             self._shm_listener.close()
             self._shm_listener = None
             assert self.config.shm_socket is not None
