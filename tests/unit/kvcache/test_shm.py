@@ -4,6 +4,7 @@ in one line while the server goes on serving."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -76,12 +77,14 @@ def save(
     return keys, [c.numpy().tobytes() for c in contents]
 
 
-def read(reader: BlockReader, keys: list[BlockKey], **options: int) -> tuple[list[bytearray], str]:
+def read(
+    reader: BlockReader, keys: list[BlockKey], *, chunk_blocks: int = 16, depth: int = 2
+) -> tuple[list[bytearray], str]:
     """Reads ``keys`` into one buffer per block; returns the buffers and the failure."""
     buffers = [bytearray(PAYLOAD) for _ in keys]
     report = reader.read_into(
         keys, lambda i: [memoryview(buffers[i])[: PAYLOAD // 2], memoryview(buffers[i])[PAYLOAD // 2 :]],
-        payload_bytes=PAYLOAD, **options,
+        payload_bytes=PAYLOAD, chunk_blocks=chunk_blocks, depth=depth,
     )  # fmt: skip
     return buffers[: report.verified], report.failure
 
@@ -94,10 +97,8 @@ def refusal(shm_path: Path, send: object) -> str:
         send(sock)  # type: ignore[operator]
         header = parse_header(sock.recv(HEADER.size, socket.MSG_WAITALL), 1 << 20)
         payload = sock.recv(header.payload_len, socket.MSG_WAITALL)
-        try:  # the server closed it (a reset when it left bytes unread)
-            assert sock.recv(1) == b""
-        except ConnectionResetError:
-            pass
+        with contextlib.suppress(ConnectionResetError):  # a reset when it left bytes unread
+            assert sock.recv(1) == b""  # the server closed it
     assert (header.op, header.request_id) == (Op.ERROR, 0)
     error = decode_error(payload)
     assert error.status == Status.BAD_REQUEST
@@ -149,7 +150,8 @@ def test_every_bad_hand_over_is_refused_in_one_line_and_the_server_goes_on(
         no_preamble = refusal(
             shm_path, lambda s: s.sendall(encode_header(Op.HELLO, 1, len(hello)) + hello)
         )
-        assert "expects the b'AIKPSHM1' preamble" in no_preamble and "--port" in no_preamble
+        assert "expects the b'AIKPSHM1' preamble" in no_preamble
+        assert "--port" in no_preamble
         assert "0 descriptors" in refusal(shm_path, lambda s: s.sendall(PREAMBLE))
         regular = tmp_path / "plain"
         regular.write_bytes(bytes(8192))
