@@ -52,13 +52,15 @@ def test_kvcache_benchmark_smoke(script: str, tmp_path: Path) -> None:
     elif script == "bench_load_path.py":
         paths = {(r["block_bytes"], r["path"]) for r in records}
         expected = {"raw_socket_8", "client_get_8", "raw_get_prefix", "loader", "loader_staged",
-                    "loader_before"}  # fmt: skip
+                    "loader_before", "loader_shm"}  # fmt: skip
         assert paths == {(size, p) for size in (256 * 1024, 2 << 20) for p in expected}
         for r in records:
             assert r["gb_per_s_min"] <= r["gb_per_s"] <= r["gb_per_s_max"]
             if r["path"] == "loader":  # received in place: no copy stage
                 assert r["stages_s"]["copy_s"] == 0
                 assert r["stages_s"]["get_wait_s"] > 0
+            if r["path"] == "loader_shm":  # written into the segment, then copied out
+                assert r["stages_s"]["copy_s"] > 0
     else:
         hit = [r for r in records if r["bench"] == "replay_hit_rate"]
         assert all(0 <= r["hit_rate"] <= r["belady_hit_rate"] + 1e-9 for r in hit)

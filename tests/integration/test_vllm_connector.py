@@ -19,6 +19,7 @@ import re
 import socket
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -76,10 +77,14 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+SHM_SOCKET = Path(tempfile.gettempdir()) / f"agentinfra-vllm-test-{os.getpid()}.sock"
+"""The test servers' same-host socket (short: a Unix socket path is at most 107 bytes)."""
+
+
 @pytest.fixture
 def server() -> Iterator[ServerThread]:
     store = TieredStore(MemoryTier(1 << 30))
-    thread = ServerThread(store, ServerConfig(port=0))
+    thread = ServerThread(store, ServerConfig(port=0, shm_socket=SHM_SOCKET))
     yield thread
     thread.close()
 
@@ -182,10 +187,12 @@ def same_output(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("tokens", "max_batched"), [(300, 2048), (1000, 256)], ids=["one-chunk", "chunked"]
+    ("tokens", "max_batched", "shm"),
+    [(300, 2048, False), (1000, 256, False), (300, 2048, True)],
+    ids=["one-chunk", "chunked", "shared-memory"],
 )
 def test_two_engines_share_a_prefix(
-    checkpoint: Path, server: ServerThread, seeded: Any, tokens: int, max_batched: int
+    checkpoint: Path, server: ServerThread, seeded: Any, tokens: int, max_batched: int, shm: bool
 ) -> None:
     if tokens == 300:  # the module's cold engine already ran this prompt and saved its blocks
         cold, saved = seeded
@@ -193,11 +200,20 @@ def test_two_engines_share_a_prefix(
     else:
         cold, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
     assert cold["cached_tokens"] == 0
-    warm, _ = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched)
+    extra = {"shm_socket": str(SHM_SOCKET)} if shm else None
+    warm, log = probe(checkpoint, server.port, tokens=tokens, max_batched=max_batched, extra=extra)
     whole_blocks = (tokens - 1) // BLOCK * BLOCK  # at least one token is computed
     assert whole_blocks - BLOCK <= warm["cached_tokens"] <= whole_blocks
     assert warm["cached_tokens"] == whole_blocks
     assert same_output(cold, warm), (cold, warm)
+    assert server.server is not None
+    through_shm = server.server.metrics.shm_bytes._value.get()
+    if shm:  # every loaded byte came through the engine's segment, none over TCP
+        assert f"loads in-place through shared memory ({SHM_SOCKET})" in log
+        block_bytes = min(len(data) for data in _stored(server).values())
+        assert through_shm >= whole_blocks // BLOCK * block_bytes
+    else:
+        assert through_shm == 0
 
 
 def _stored(server: ServerThread) -> dict[Any, bytes]:

@@ -84,6 +84,9 @@ class ConnectorSettings:
     load_chunk_mib: float = 32.0
     """Bytes per GET of a load; ``load_depth`` of them in flight, each into its own staging buffer."""
     load_depth: int = 3
+    shm_socket: str = ""
+    """The cache server's same-host socket (``kv serve --shm-socket``): the worker's loads then
+    come through a shared segment of ``load_depth`` chunks; lookups and saves stay on TCP."""
     tool_wait_ttl_s: float = 120.0
     """How long an agent's blocks stay in memory after its turn while it runs tools (session hints)."""
     announce: bool = True
@@ -126,6 +129,11 @@ class ConnectorSettings:
             raise ConfigError(
                 f"kv_connector_extra_config load_chunk_mib={settings.load_chunk_mib!r} must be positive "
                 f"and load_depth={settings.load_depth!r} at least 1"
+            )
+        if not isinstance(settings.shm_socket, str) or len(settings.shm_socket.encode()) > 107:
+            raise ConfigError(
+                f"kv_connector_extra_config shm_socket={settings.shm_socket!r} must be a Unix "
+                "socket path of at most 107 bytes"
             )
         return settings
 

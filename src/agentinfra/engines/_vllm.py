@@ -506,21 +506,27 @@ class AgentinfraConnector(KVConnectorBase_V1):  # type: ignore[misc]
         self._layers = layers
         settings = self.settings
 
+        chunk_bytes = int(settings.load_chunk_mib * (1 << 20))
+
         def connect() -> BlockReader:
             return BlockReader(settings.host, settings.port, tenant=settings.tenant,
-                               token=settings.token, timeout_s=settings.timeout_s)  # fmt: skip
+                               token=settings.token, timeout_s=settings.timeout_s,
+                               shm_socket=settings.shm_socket or None,
+                               segment_bytes=int(settings.load_depth) * (chunk_bytes + 4096))  # fmt: skip
 
         self._loader = PagedKVLoader(
             layers, dim, self.remote.call, timeout_s=settings.timeout_s, connect=connect,
-            chunk_bytes=int(settings.load_chunk_mib * (1 << 20)), depth=int(settings.load_depth),
+            chunk_bytes=chunk_bytes, depth=int(settings.load_depth),
         )  # fmt: skip
         log.info(
             "AgentinfraConnector: %d layers of KV %s, blocks on dim %d, loads %s",
             len(layers),
             shape,
             self._block_dim,
-            self._loader.path,
-        )
+            self._loader.path
+            + (f" through shared memory ({settings.shm_socket})" if settings.shm_socket
+               and self._loader.path == "in-place" else ""),
+        )  # fmt: skip
 
     def _block(self, layer: torch.Tensor, block_id: int) -> torch.Tensor:
         return layer.select(self._block_dim, block_id)

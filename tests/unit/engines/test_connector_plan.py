@@ -81,12 +81,17 @@ def test_settings_from_extra_read_url_token_file_and_fields(tmp_path: Path) -> N
         (
             {"ulr": "x"},
             "unknown kv_connector_extra_config key(s) ['ulr']; known: ['announce', 'host', 'load', "
-            "'load_chunk_mib', 'load_depth', 'lookup_timeout_s', 'max_pending_mib', 'model_id', 'port', 'save', 'tenant', "
-            "'timeout_s', 'token', 'token_file', 'tool_wait_ttl_s', 'url', 'weights_revision']",
+            "'load_chunk_mib', 'load_depth', 'lookup_timeout_s', 'max_pending_mib', 'model_id', 'port', 'save', 'shm_socket', "
+            "'tenant', 'timeout_s', 'token', 'token_file', 'tool_wait_ttl_s', 'url', 'weights_revision']",
         ),
         (
             {"load_depth": 0},
             "kv_connector_extra_config load_chunk_mib=32.0 must be positive and load_depth=0 at least 1",
+        ),
+        (
+            {"shm_socket": "/tmp/" + "k" * 110},
+            f"kv_connector_extra_config shm_socket='/tmp/{'k' * 110}' must be a Unix socket path "
+            "of at most 107 bytes",
         ),
         (
             {"url": "127.0.0.1"},
