@@ -14,7 +14,7 @@ the vLLM connector stores it):
   place by a `BlockReader`, with its stages;
 - ``loader_shm``: the same load over the same-host path (``kv serve --shm-socket``): the
   server writes each chunk into a segment the loader shares with it, and the loader copies
-  each block out into the paged cache and verifies it there;
+  each block out into the paged cache, hashing each piece as it copies it;
 - ``loader_staged``: the same through staging buffers over `CacheRemote` (the
   connector's background loop thread): the path for caches that are not
   contiguous CPU tensors;

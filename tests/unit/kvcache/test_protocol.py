@@ -22,10 +22,12 @@ from agentinfra.kvcache._protocol import (
     decode_error,
     decode_hello,
     decode_keys,
+    decode_shm_get,
     encode_error,
     encode_header,
     encode_hello,
     encode_keys,
+    encode_shm_get,
     encode_u32,
     parse_header,
 )
@@ -82,6 +84,17 @@ def test_golden_payloads() -> None:
     assert "unknown token" in str(decoded)
 
 
+def test_get_shm_payload_matches_the_spec() -> None:
+    """docs/protocol.md section 3: ``u64 offset, u64 capacity``, then ``keys``."""
+    keys = [bytes([1]) * 32, bytes([2]) * 32]
+    payload = encode_shm_get(4096, 1 << 20, keys)
+    assert payload == struct.pack("<QQI", 4096, 1 << 20, 2) + b"".join(keys)
+    assert decode_shm_get(payload) == (4096, 1 << 20, keys)
+    assert Op.GET_SHM == 11
+    with pytest.raises(ProtocolError):
+        decode_shm_get(payload[:15])
+
+
 def test_tenant_key_derivation_matches_the_spec() -> None:
     case = GOLDEN["tenant_key"]
     key = bytes.fromhex(case["key"])
@@ -125,7 +138,7 @@ def test_header_parser_fuzz(data: bytes) -> None:
 
 @given(st.binary(max_size=200))
 def test_payload_parsers_fuzz(data: bytes) -> None:
-    for parser in (decode_keys, decode_blocks, decode_hello):
+    for parser in (decode_keys, decode_blocks, decode_hello, decode_shm_get):
         with contextlib.suppress(ProtocolError):
             parser(data)
 
