@@ -101,6 +101,13 @@ FAMILIES = {
     family.name: family
     for family in [
         Family("llama", "LlamaConfig", {}, note="GQA (Llama)"),
+        Family(
+            "llama_fp8",
+            "LlamaConfig",
+            {},
+            note="GQA (Llama) with FP8 KV (one scale per layer), stored as the engine holds it",
+            flags=("--kv-cache-dtype", "fp8"),
+        ),
         Family("qwen3", "Qwen3Config", {"head_dim": 32}, note="GQA with QK-norm (Qwen3)"),
         Family(
             "qwen3_moe",
@@ -634,8 +641,8 @@ def main() -> None:
             rows += matrix.rows
     text = table(rows)
     sys.stdout.write(text)
-    if args.doc is not None:
-        write_doc(args.doc, text)
+    if args.doc is not None:  # every family's latest run, so a run of one family refreshes its row
+        write_doc(args.doc, table(latest_runs(args.out)))
     refused = {row["family"] for row in rows if row["scenario"] == "refused"}
     failed = [  # vLLM's own cache failing where we refuse is the reason for the refusal, not a failure
         row
@@ -644,6 +651,25 @@ def main() -> None:
         and not (row["scenario"] == "vllm-cache" and row["family"] in refused)
     ]
     sys.exit(1 if failed else 0)
+
+
+def latest_runs(path: Path) -> list[dict[str, Any]]:
+    """The rows of each family's latest run in ``path``, families in `FAMILIES` order.
+
+    A run of a family is a contiguous stretch of its rows (families run one after another).
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    previous = None
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("bench") != "layout_matrix":
+            continue
+        if row["family"] != previous:
+            runs[row["family"]] = []
+            previous = row["family"]
+        runs[row["family"]].append(row)
+    order = [name for name in FAMILIES if name in runs] + [n for n in runs if n not in FAMILIES]
+    return [row for name in order for row in runs[name]]
 
 
 def write_doc(path: Path, text: str) -> None:

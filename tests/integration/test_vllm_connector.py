@@ -216,6 +216,23 @@ def test_two_engines_share_a_prefix(
         assert through_shm == 0
 
 
+def test_fp8_kv_is_stored_as_the_engine_holds_it(checkpoint: Path, server: ServerThread) -> None:
+    """FP8 KV with one scale per layer (its scale is the checkpoint's): blocks go to the store one
+    byte per element, not widened, and a second engine loads them with identical output."""
+    fp8 = ("--kv-cache-dtype", "fp8", "--seed", "5")
+    cold, _ = probe(checkpoint, server.port, tokens=300, more=fp8)
+    assert cold["cached_tokens"] == 0
+    blocks = [parse_block(data) for data in _stored(server).values()]
+    assert len(blocks) >= 9
+    for block in blocks:
+        assert block is not None
+        assert block.header.dtype in ("float8_e4m3fn", "uint8"), block.header
+        assert block.header.payload_bytes == int(np.prod(block.header.shape))  # 1 byte each
+    warm, _ = probe(checkpoint, server.port, tokens=300, more=fp8)
+    assert warm["cached_tokens"] == 288
+    assert same_output(cold, warm), (cold, warm)
+
+
 def _stored(server: ServerThread) -> dict[Any, bytes]:
     """The server's memory tier, in the order blocks arrived (the prompt's chain order)."""
     return server._store.memory._data

@@ -21,10 +21,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["SERVED_KINDS", "KVGroup", "KVLayout"]
+__all__ = ["SERVED_KINDS", "SERVED_QUANT", "KVGroup", "KVLayout"]
 
 SERVED_KINDS = {"FullAttentionSpec": "full", "MLAAttentionSpec": "mla"}
 """The group specs whose blocks are a token range's whole state, by their short name."""
+
+SERVED_QUANT = {"NONE", "FP8_PER_TENSOR"}
+"""KV quantisation modes whose blocks are the tokens' whole state: FP8 with one scale per
+layer keeps its scale on the layer, set from the checkpoint (covered by the weights identity
+in every key) or 1.0, so the block's bytes are all there is to store. Per-token-head modes
+keep scales beside the blocks, and packed modes (NVFP4, TurboQuant, ...) are refused."""
 
 _FAMILIES = {
     "MambaSpec": "a hybrid model with Mamba or linear-attention state (Qwen3-Next, Jamba, ...)",
@@ -54,7 +60,7 @@ class KVGroup:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     quant: str = "NONE"
-    """The spec's KV quantisation mode (per-token scales live beside the blocks)."""
+    """The spec's KV quantisation mode (vLLM's ``KVQuantMode`` name)."""
     transfer: bool = True
     """Whether vLLM counts the group as transferable state."""
     role: str = "default"
@@ -117,10 +123,10 @@ class KVLayout:
                 "without the connector"
             )
         group = self.groups[0]
-        if group.quant != "NONE":
+        if group.quant not in SERVED_QUANT:
             return (
-                f"AgentinfraConnector does not store quantised KV with per-token scales "
-                f"({self.describe()}); use an unscaled --kv-cache-dtype or no connector"
+                f"AgentinfraConnector does not store quantised KV with scales beside its blocks "
+                f"({self.describe()}); use --kv-cache-dtype auto or fp8 (per-tensor), or no connector"
             )
         if not group.transfer or group.role != "default" or group.eagle:
             return f"AgentinfraConnector's one KV cache group is not transferable state ({self.describe()})"

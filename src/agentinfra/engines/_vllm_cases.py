@@ -46,6 +46,7 @@ def main() -> None:
         "--prefix-caching", action="store_true", help="vLLM's own prefix cache on (a reference)."
     )
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="vLLM's kv_cache_dtype, e.g. fp8.")
     parser.add_argument(
         "--attention-backend", default=None, help="vLLM's backend name, e.g. CPU_MLA."
     )
@@ -72,7 +73,7 @@ def main() -> None:
             max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched,
             enforce_eager=True, enable_prefix_caching=args.prefix_caching, kv_transfer_config=transfer,
             num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_seqs,
-            disable_log_stats=False,
+            disable_log_stats=False, kv_cache_dtype=args.kv_cache_dtype,
             attention_config={"backend": args.attention_backend} if args.attention_backend else None,
         )  # fmt: skip
     except Exception as error:  # the engine's own refusal, or ours, as the caller's one line

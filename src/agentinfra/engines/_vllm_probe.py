@@ -48,6 +48,11 @@ def main() -> None:
         "--storage", default="/tmp/agentinfra-vllm-example", help="example: its directory"
     )
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="vLLM's kv_cache_dtype (fp8: stored as it is held).",
+    )
     parser.add_argument("--extra", default="{}", help="More kv_connector_extra_config, as JSON.")
     parser.add_argument(
         "--prompts", type=int, default=1, help="Prompts at once (seeds SEED, SEED+1, ...)."
@@ -91,6 +96,7 @@ def main() -> None:
         max_model_len=args.max_model_len, max_num_batched_tokens=args.max_batched, enforce_eager=True,
         enable_prefix_caching=not args.no_prefix_caching, kv_transfer_config=transfer,
         disable_log_stats=False, num_gpu_blocks_override=args.num_blocks,
+        kv_cache_dtype=args.kv_cache_dtype,
     )  # fmt: skip
     greedy = SamplingParams(
         max_tokens=args.max_new, temperature=0.0, logprobs=1, ignore_eos=args.ignore_eos

@@ -68,10 +68,19 @@ def test_two_groups_of_served_kinds_are_refused_naming_the_switch() -> None:
 
 
 def test_scaled_quantised_kv_and_untransferable_groups_are_refused() -> None:
-    assert "quantised" in (KVLayout.of([full(quant="PER_TOKEN_HEAD")]).refusal() or "")
+    for mode in ("FP8_PER_TOKEN_HEAD", "INT8_PER_TOKEN_HEAD", "NVFP4", "TURBOQUANT_K8V4"):
+        line = KVLayout.of([full(quant=mode)]).refusal() or ""
+        assert "quantised" in line
+        assert mode in line
+        assert "--kv-cache-dtype" in line
     assert "not transferable" in (KVLayout.of([full(transfer=False)]).refusal() or "")
     assert "not transferable" in (KVLayout.of([full(eagle=True)]).refusal() or "")
     assert "no KV cache groups" in (KVLayout.of([]).refusal() or "")
+
+
+def test_fp8_with_one_scale_per_layer_is_served() -> None:
+    """Its scale is the layer's, from the checkpoint: the block's bytes are the whole state."""
+    assert KVLayout.of([full(quant="FP8_PER_TENSOR")]).refusal() is None
 
 
 def test_labels_differ_wherever_blocks_differ() -> None:
