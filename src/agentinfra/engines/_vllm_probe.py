@@ -4,7 +4,8 @@
 
 The engine is real (``vllm.LLM``, its engine core in its own process) with the
 `AgentinfraConnector` pointed at ``--port`` (or no connector with
-``--no-connector``). It first warms up on an unrelated prompt, then generates
+``--no-connector``). It first warms up on an unrelated prompt (``--warmup-tokens``, with the
+timed requests' sampling: vLLM's first request with logprobs costs about 2 s once), then generates
 greedily for the prompt of ``--tokens`` token ids drawn from ``--seed``, and
 prints ``AGENTINFRA_PROBE {...}``: output tokens, their logprobs, the tokens vLLM
 reports as cached, the time to first token and the whole generate time
@@ -52,6 +53,9 @@ def main() -> None:
         "--kv-cache-dtype",
         default="auto",
         help="vLLM's kv_cache_dtype (fp8: stored as it is held).",
+    )
+    parser.add_argument(
+        "--warmup-tokens", type=int, default=64, help="Length of the unrelated warm-up prompt."
     )
     parser.add_argument("--extra", default="{}", help="More kv_connector_extra_config, as JSON.")
     parser.add_argument(
@@ -101,8 +105,8 @@ def main() -> None:
     greedy = SamplingParams(
         max_tokens=args.max_new, temperature=0.0, logprobs=1, ignore_eos=args.ignore_eos
     )
-    warm = {"prompt_token_ids": prompt_ids(64, args.seed + 10_000, args.vocab)}
-    llm.generate([warm], SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=False)
+    warm = {"prompt_token_ids": prompt_ids(args.warmup_tokens, args.seed + 10_000, args.vocab)}
+    llm.generate([warm], greedy, use_tqdm=False)  # the timed requests' sampling, logprobs included
     timed: list[tuple[Any, float]] = []
     for batch in range(max(1, args.repeats)):
         started = time.monotonic()
