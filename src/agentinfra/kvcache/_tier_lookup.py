@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import struct
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +36,10 @@ _FAST_CHUNK = 512
 _SLOW_CHUNK = 64
 """Unknown keys scoped and checked in the store at once (a miss costs one chunk of hashes)."""
 _U16 = struct.Struct("<H")
+_UNKNOWN = 255
+"""A block's tier bits when the index has not learnt them (bits are 0-3 otherwise)."""
+_NOT_IN_MEMORY = bytes(0 if v & _MEMORY and v != _UNKNOWN else 1 for v in range(256))
+_NOT_ON_DISK = bytes(0 if v & _DISK and v != _UNKNOWN else 1 for v in range(256))
 
 
 def tenant_prefix(tenant: str) -> bytes:
@@ -122,18 +127,23 @@ class TierLookup:
             clients = list(_keys_struct((end - start) // 32).unpack_from(data, start))
             with self._lock:
                 table = self._held.get(tenant, {})
-                bits: list[int | None] = list(map(table.get, clients))
-            if None in bits and not self._resolve(tenant, scope, clients, bits, wait):
-                return None
-            run = _first_of(bits, 0, None)
+                codes = bytes(map(table.get, clients, itertools.repeat(_UNKNOWN)))
+            if _UNKNOWN in codes:
+                bits: list[int | None] = [None if c == _UNKNOWN else c for c in codes]
+                if not self._resolve(tenant, scope, clients, bits, wait):
+                    return None
+                # what stays unknown lies past a block no tier holds (`_resolve` stops there)
+                codes = bytes(_UNKNOWN if b is None else b for b in bits)
+            # one byte of tier bits per block: each run is one C scan, not a Python loop
+            run = _first(codes, 0, _UNKNOWN)
             either += run
             if memory_run:
-                in_memory += (count := min(run, _first_of(bits, _DISK)))
-                memory_run = count == len(bits)
+                in_memory += (count := min(run, _first(codes.translate(_NOT_IN_MEMORY), 1)))
+                memory_run = count == len(codes)
             if disk_run:
-                on_disk += (count := min(run, _first_of(bits, _MEMORY)))
-                disk_run = count == len(bits)
-            if run < len(bits):
+                on_disk += (count := min(run, _first(codes.translate(_NOT_ON_DISK), 1)))
+                disk_run = count == len(codes)
+            if run < len(codes):
                 break
         return either, in_memory, on_disk
 
@@ -173,6 +183,12 @@ class TierLookup:
 def _keys_struct(count: int) -> struct.Struct:
     """Splits ``count`` 32-byte keys in one C call (a slice per key costs twice as much)."""
     return struct.Struct("32s" * count)
+
+
+def _first(codes: bytes, *targets: int) -> int:
+    """The index of the first byte of ``codes`` equal to any of ``targets`` (``len(codes)`` if none)."""
+    found = [i for i in (codes.find(t) for t in targets) if i >= 0]
+    return min(found, default=len(codes))
 
 
 def _first_of(values: list[int | None], *targets: int | None) -> int:
