@@ -104,30 +104,27 @@ class FrameConnection(asyncio.BufferedProtocol):
 
     def _receive_payload(self) -> None:
         """Reads what the socket has of the large payload, and hands it on once it is whole."""
-        if self._filled < len(self._payload or b""):
-            self._drain_payload()
-        if self._payload is not None and self._filled == len(self._payload):
-            header, payload = self._header, self._payload
+        header, payload = self._header, self._payload
+        assert header is not None
+        assert payload is not None
+        self._drain_payload(payload)
+        if self._filled == len(payload):
             self._header, self._payload = None, None
-            assert header is not None
             self._on_frame(header, payload)
 
-    def _drain_payload(self) -> None:
-        """Receives more of a large payload at once, until the socket has no more for now.
+    def _drain_payload(self, payload: bytearray | memoryview) -> None:
+        """Receives more of ``payload`` at once, until the socket has no more for now.
 
         The event loop reads once per wakeup, and a 2 MiB answer on loopback arrives in
         about ten pieces: each read here skips a loop iteration and its poll (decision 0028).
         """
-        sock, payload = self._socket, self._payload
-        if sock is None or payload is None:
+        if self._socket is None:
             return
         view = memoryview(payload)
         while self._filled < len(payload) and not self.closed:
             try:
-                got = sock.recv_into(view[self._filled :])
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # the transport's next read reports the failure
+                got = self._socket.recv_into(view[self._filled :])
+            except OSError:  # nothing more for now (EAGAIN), or a failure the transport reports
                 return
             if not got:
                 return

@@ -135,13 +135,13 @@ class TierLookup:
                 # what stays unknown lies past a block no tier holds (`_resolve` stops there)
                 codes = bytes(_UNKNOWN if b is None else b for b in bits)
             # one byte of tier bits per block: each run is one C scan, not a Python loop
-            run = _first(codes, 0, _UNKNOWN)
+            run = _first_of(codes, 0, _UNKNOWN)
             either += run
             if memory_run:
-                in_memory += (count := min(run, _first(codes.translate(_NOT_IN_MEMORY), 1)))
+                in_memory += (count := min(run, _first_of(codes.translate(_NOT_IN_MEMORY), 1)))
                 memory_run = count == len(codes)
             if disk_run:
-                on_disk += (count := min(run, _first(codes.translate(_NOT_ON_DISK), 1)))
+                on_disk += (count := min(run, _first_of(codes.translate(_NOT_ON_DISK), 1)))
                 disk_run = count == len(codes)
             if run < len(codes):
                 break
@@ -152,7 +152,7 @@ class TierLookup:
     ) -> bool:
         """Fills the unknown ``bits`` up to the first block no tier holds, from the store, and
         learns the held ones. False when the store's lock is taken and ``not wait``."""
-        stop = _first_of(bits, 0)
+        stop = bits.index(0) if 0 in bits else len(bits)
         unknown = [i for i, value in enumerate(bits[: stop + 1]) if value is None]
         for start in range(0, len(unknown), _SLOW_CHUNK):
             picked = unknown[start : start + _SLOW_CHUNK]
@@ -185,12 +185,6 @@ def _keys_struct(count: int) -> struct.Struct:
     return struct.Struct("32s" * count)
 
 
-def _first(codes: bytes, *targets: int) -> int:
-    """The index of the first byte of ``codes`` equal to any of ``targets`` (``len(codes)`` if none)."""
-    found = [i for i in (codes.find(t) for t in targets) if i >= 0]
-    return min(found, default=len(codes))
-
-
-def _first_of(values: list[int | None], *targets: int | None) -> int:
-    """The index of the first of ``values`` equal to any of ``targets`` (``len(values)`` if none)."""
+def _first_of(values: bytes, *targets: int) -> int:
+    """The index of the first byte of ``values`` equal to any of ``targets`` (``len(values)`` if none)."""
     return min((values.index(t) for t in targets if t in values), default=len(values))

@@ -90,9 +90,9 @@ def test_a_small_frame_right_behind_a_large_one_arrives_after_it(
     drained = []
     drain = FrameConnection._drain_payload
 
-    def counted(self: FrameConnection) -> None:
+    def counted(self: FrameConnection, payload: bytearray | memoryview) -> None:
         before = self.bytes_received
-        drain(self)
+        drain(self, payload)
         drained.append(self.bytes_received - before)
 
     monkeypatch.setattr(FrameConnection, "_drain_payload", counted)
