@@ -91,8 +91,19 @@ TICKS = " (within clock-tick resolution: not counted)"
 def test_cores_used_while_timed(
     threads: int, timed: list[CpuWindow], expected: Finding | None
 ) -> None:
-    assert judge_cores(EMPTY, timed, threads) == expected
-    assert judge_cores([], timed, threads) is None  # nothing to subtract: not judged
+    assert judge_cores(EMPTY, timed, threads, 0.0002) == expected
+    assert judge_cores([], timed, threads, 0.0002) is None  # nothing to subtract: not judged
+
+
+def test_empty_batches_slowed_by_the_candidate_do_not_read_as_cores() -> None:
+    """The overhead_inflation cheat sleeps 50 ms in each empty batch (CI saw it blocked at 3.80
+    cores): only the reference's empty batch, and no more CPU than that wall, is subtracted."""
+    sleeping = [CpuWindow(0.0505, 0.0003, True)] * 7
+    timed = windows((6, 0.068, 0.067, True))  # one core, the batch's own work
+    assert judge_cores(sleeping, timed, 1, 0.0005) is None
+    # nor can CPU burnt in its empty batches hide three cores while timed
+    burning = [CpuWindow(0.0005, 0.040, True)] * 7
+    assert judge_cores(burning, windows((20, 0.010, 0.030, True)), 1, 0.0005) is not None
 
 
 def idle(cores_used: str, threads: int, cpu: str, allowed: str) -> Finding:

@@ -74,7 +74,8 @@ Covered:
     thread; clock ticks from ``stat``, which keep exited threads and reaped
     children, for a batch during which threads came or went), minus the CPU of
     an empty batch measured the same way, over the batch's wall time minus the
-    empty batch's. Blocks only when the cores used over all timed batches
+    empty batch's (at most the reference's empty batch: a candidate may only lower
+    what is subtracted, so sleeping in empty batches reads as nothing). Blocks only when the cores used over all timed batches
     exceed ``threads * 1.5 + 0.25`` *and* at least half of the timed batches
     (and at least 3) exceed it on their own. A warning when the excess does not
     repeat; nothing is judged (a warning at most) when the timed work is under
@@ -531,7 +532,8 @@ class _Grading:
         self.timed_calls = measured.timed_calls
         if measured.staging is not None:
             self._add(judge_staging(measured.staging))
-        self._add(judge_cores(measured.empty_windows, measured.timed_windows, self.threads))
+        self._add(judge_cores(measured.empty_windows, measured.timed_windows, self.threads,
+                              measured.reference_empty_s))  # fmt: skip
         self._add(judge_idle(measured.idle_windows, self.threads))
         self.finish_timing(measured, peaks)
 

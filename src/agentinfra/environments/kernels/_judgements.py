@@ -127,14 +127,20 @@ def judge_cpu(
 
 
 def judge_cores(
-    empty: Sequence[CpuWindow], timed: Sequence[CpuWindow], threads: int
+    empty: Sequence[CpuWindow], timed: Sequence[CpuWindow], threads: int, reference_empty_s: float
 ) -> Finding | None:
     """Cores the candidate's computation used while timed, beyond the plumbing of a batch
-    (the median ``empty`` batch's wall and CPU, subtracted from each ``timed`` one)."""
+    (the median ``empty`` batch's wall and CPU, subtracted from each ``timed`` one).
+
+    The candidate controls its own empty batches, so, as in the timing, it may only lower what
+    is subtracted: the wall is at most ``reference_empty_s`` (the reference's median empty
+    batch), and the CPU at most that wall (a batch's plumbing runs on one thread). Otherwise a
+    candidate that sleeps in its empty batches would read as using many cores while timed.
+    """
     if not empty or not timed:
         return None
-    empty_wall = statistics.median(w for w, _, _ in empty)
-    empty_cpu = statistics.median(c for _, c, _ in empty)
+    empty_wall = min(statistics.median(w for w, _, _ in empty), reference_empty_s)
+    empty_cpu = min(statistics.median(c for _, c, _ in empty), empty_wall)
     work = [CpuWindow(max(w - empty_wall, 0.0), max(c - empty_cpu, 0.0), p) for w, c, p in timed]
     return judge_cpu(
         work, threads * 1.5 + 0.25, threads, "while timed",

@@ -66,6 +66,8 @@ class Measurements:
     """The shortest empty batch either side took: the least plumbing a batch can have had."""
     empty_windows: list[CpuWindow] = field(default_factory=list)
     """The candidate's empty batches (the plumbing subtracted by the core check)."""
+    reference_empty_s: float = 0.0
+    """The reference's median empty batch: the most plumbing the core check may subtract."""
     timed_windows: list[CpuWindow] = field(default_factory=list)
     """The candidate's timed batches after warm-up."""
     idle_windows: list[CpuWindow] = field(default_factory=list)
@@ -177,6 +179,7 @@ class TimingRun:
         measured = Measurements(per_batch=plan.per_batch, entry_bytes=entry_bytes)
         with gc_paused():
             overhead_ref = self._empty_overhead(reference=True)
+            measured.reference_empty_s = overhead_ref
             # The candidate controls how long its own empty batch takes: it may only lower
             # the overhead subtracted from its time, never raise it.
             self._cpu_windows = []
