@@ -403,3 +403,35 @@ def test_a_reference_reply_over_the_frame_limit_is_named_not_called_a_death(
         verdict.error
     )
     assert "frame too large" in verdict.error
+
+
+@pytest.mark.parametrize(
+    ("submission", "outcome", "blocking"),
+    [(SUBMISSIONS / "10_fast_softmax.py", Outcome.PASSED, set()),
+     (CHEATS / "precompute_untimed.py", Outcome.HACK_FLAGGED, {"staging"})],
+    ids=["honest", "precompute_untimed"],
+)  # fmt: skip
+def test_inputs_too_large_for_one_pool_are_timed_from_fresh_pools(
+    monkeypatch: pytest.MonkeyPatch, submission: Path, outcome: Outcome, blocking: set[str]
+) -> None:
+    """A pool that holds one batch: each batch's inputs come from a pool made again from fresh
+    seeds (a round), every pair is still timed, and a cheat that works ahead on a staged batch
+    is caught as with one pool."""
+    from agentinfra.environments.kernels import _timing
+
+    rounds: list[int] = []
+    new_round = _timing.TimingRun._new_round
+
+    def counted(self: Any, plan: Any, first_batch: int) -> list[int]:
+        rounds.append(first_batch)
+        return new_round(self, plan, first_batch)
+
+    monkeypatch.setattr(_timing, "POOL_BYTES_LIMIT", 1)
+    monkeypatch.setattr(_timing.TimingRun, "_new_round", counted)
+    verdict = grade_files(PROBLEMS / "10_slow_rowwise_softmax.py", submission, QUICK)
+    assert verdict.outcome is outcome, verdict.model_dump_json(indent=1)
+    assert {f.check for f in verdict.findings if f.severity == "block"} == blocking
+    if outcome is Outcome.PASSED:
+        assert rounds == list(range(QUICK.timing_pairs + 2)), rounds
+        assert verdict.timed_calls == QUICK.timing_pairs
+    assert sandbox_uids() == set()

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +26,7 @@ from agentinfra.environments.kernels._timing import (
     TimingPlan,
     plan_timing,
 )
+from agentinfra.environments.kernels._verdict import Outcome, StopGradingError
 from agentinfra.environments.kernels._wire import Frame, TensorBytes
 from agentinfra.environments.kernels._worker_calls import WorkerCalls
 
@@ -98,6 +100,7 @@ def test_a_slow_problem_checks_fewer_seeds_but_every_variant_and_shape() -> None
 
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 @pytest.mark.parametrize(
@@ -108,7 +111,13 @@ MIB = 1 << 20
         (0.001, MIB, TimingPlan(per_batch=16, pairs=20, warmup=2, slow=False, pool_size=352)),
         (0.001, 8 * MIB, TimingPlan(per_batch=4, pairs=20, warmup=2, slow=False, pool_size=88)),
         (4.0, 16 * MIB, TimingPlan(per_batch=1, pairs=6, warmup=1, slow=True, pool_size=7)),
-        (0.5, 200 * MIB, TimingPlan(per_batch=1, pairs=3, warmup=1, slow=True, pool_size=4)),
+        # inputs that do not fit one pool: rounds of fresh pools, the pairs kept
+        (0.5, 200 * MIB, TimingPlan(per_batch=1, pairs=20, warmup=1, slow=True, pool_size=3)),
+        # level1/12: 64 MiB of inputs at 12 ms a call (was 9 timed pairs)
+        (0.012, 64 * MIB, TimingPlan(per_batch=1, pairs=20, warmup=2, slow=False, pool_size=12)),
+        # level1/40: 256 MiB at 107 ms a call (was 3 timed pairs)
+        (0.107, 256 * MIB, TimingPlan(per_batch=1, pairs=20, warmup=1, slow=True, pool_size=3)),
+        (0.5, GIB, TimingPlan(per_batch=1, pairs=20, warmup=1, slow=True, pool_size=1)),
     ],
 )
 def test_the_timing_plan_pools_inputs_within_the_cap(
@@ -116,4 +125,38 @@ def test_the_timing_plan_pools_inputs_within_the_cap(
 ) -> None:
     plan = plan_timing(reference_s, pooled_bytes, timing_pairs=20)
     assert plan == expected
-    assert plan.pool_size * pooled_bytes <= POOL_BYTES_LIMIT or plan.pairs == 3
+    assert plan.pool_size * pooled_bytes <= POOL_BYTES_LIMIT or plan.pool_size == 1
+    assert plan.pool_size % plan.per_batch == 0
+
+
+class SlowWorker:
+    """A worker whose every reply takes ``reply_s`` (what `_exchange` asks of it: `request`)."""
+
+    def __init__(self, reply_s: float) -> None:
+        self.reply_s = reply_s
+
+    def request(self, header: dict[str, Any], tensors: Any, *, timeout_s: float) -> Frame:
+        from agentinfra.environments.kernels._workers import WorkerTimeoutError
+
+        if self.reply_s > timeout_s:
+            time.sleep(timeout_s)
+            raise WorkerTimeoutError("no reply")
+        time.sleep(self.reply_s)
+        return Frame({"ok": True}, [])
+
+
+def test_the_candidates_budget_counts_only_its_own_replies() -> None:
+    """The reference's work (its self-check, the timing pools) never spends the candidate's
+    budget: ``level1/56`` once timed out "during pool" after the reference had used it."""
+    calls = WorkerCalls(timeout_s=0.25)
+    calls.reference = cast(Any, SlowWorker(0.3))
+    calls.candidate = cast(Any, SlowWorker(0.1))
+    for _ in range(2):
+        calls.reference_call({"op": "pool_make"})
+        calls.candidate_call({"op": "batch"}, phase="timing")
+    assert 0.2 <= calls.spent_s < 0.25
+    with pytest.raises(StopGradingError, match="exceeded its 0 s budget during audit") as raised:
+        calls.candidate_call({"op": "fetch"}, phase="audit")
+    assert raised.value.outcome is Outcome.TIMEOUT
+    with pytest.raises(StopGradingError, match="during timing"):  # nothing left: not even asked
+        calls.candidate_call({"op": "batch"}, phase="timing")

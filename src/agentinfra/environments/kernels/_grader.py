@@ -140,12 +140,17 @@ problems load unchanged, and some are random or too large for the machine):
   again then, still fits the limit with the margin's floor to spare; when the
   reference itself has come that close, the grader's sizing is to blame
   (``grader_error`` with a ``memory_limit`` finding), never the candidate.
-- A slow problem's candidate gets the wall-clock budget its calls need: at least
-  ``timeout_s``, extended to three times the reference's time for the calls the
-  grading makes (plus 30 s). The reference's time decides, never the candidate's.
+- The candidate's budget is wall-clock time the grader spends waiting on its
+  replies, all calls together: the reference's own work (its self-check, making
+  the timing pools, its timed batches) never spends it (``level1/56`` once timed
+  out "during pool" after the reference had used the budget). A slow problem's
+  candidate gets the budget its calls need: at least ``timeout_s``, extended to
+  three times the reference's time for the calls the grading makes (plus 30 s).
+  The reference's time decides, never the candidate's.
 - A slow problem: when one reference call takes over 0.1 s the timing plan
   shrinks to fit about ``_timing.SLOW_TIMED_S`` of timed reference work (at least 6
-  pairs, or 3 where the 768 MiB input pool holds no more; one warm-up), and
+  pairs; one warm-up; inputs that do not fit the 768 MiB pool come from pools
+  made again from fresh seeds, never from fewer pairs), and
   from the sixth pair on, after an even number of pairs, it stops once the speedup's
   95% interval is within ±5% of its median. The verdict's ``timed_calls`` says
   how many calls were timed per side. Its correctness checks take fewer seeds
@@ -412,7 +417,7 @@ class _Grading:
         finally:
             self.candidate_socket.close()
             self.candidate_socket = None
-        self.calls.deadline += self.budget_s
+        self.calls.budget_s += self.budget_s
 
     def start_reference(self) -> dict[str, Any]:
         """The reference's hello, its sizes (a problem too large is refused), the grading's memory

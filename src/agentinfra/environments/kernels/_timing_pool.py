@@ -64,7 +64,11 @@ class TimingPool:
         return [theirs for _, theirs in pairs]
 
     def create(self) -> None:
-        """A fresh, empty pool file, sent to the reference to fill."""
+        """A fresh, empty pool file, sent to the reference to fill; the previous round's pool
+        (and on CUDA its read-only descriptor) is closed first, so one pool is alive at a time."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
         self.pool = os.memfd_create("agentinfra-pool", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self._fds.append(self.pool)
         self.send_fd(REFERENCE, self.pool)

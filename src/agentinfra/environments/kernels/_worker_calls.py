@@ -2,8 +2,8 @@
 
 The reference is the problem's own code: when it fails, times out or dies, the
 problem is blamed (``grader_error`` with a ``problem`` finding), never the
-candidate. The candidate works within the grading's wall-clock deadline: a
-timeout is ``timeout``, a death ``crashed`` (``timeout`` for its CPU-time limit),
+candidate. The candidate works within its wall-clock budget, which counts only
+the time the grader waits on it (a slow reference never spends it): a timeout is ``timeout``, a death ``crashed`` (``timeout`` for its CPU-time limit),
 an exception ``failed`` (``crashed`` for MemoryError and RecursionError). Each
 outcome is raised as a `StopGradingError`, which the orchestrator turns into the
 verdict.
@@ -45,15 +45,18 @@ def blame_problem(refusal: Refusal) -> StopGradingError:
 
 
 class WorkerCalls:
-    """The reference and candidate workers of one grading, and the candidate's deadline."""
+    """The reference and candidate workers of one grading, and the candidate's budget."""
 
     def __init__(self, *, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         """The candidate's wall-clock budget; the reference gets at least 60 s per request."""
         self.reference: WorkerProcess | None = None
         self.candidate: WorkerProcess | None = None
-        self.deadline = 0.0
-        """When the candidate's budget ends (``time.monotonic``)."""
+        self.budget_s = timeout_s
+        """Seconds the grader may wait on the candidate's replies, all calls together (a slow
+        reference extends it: `GradingRun.size_candidate`)."""
+        self.spent_s = 0.0
+        """Seconds spent waiting on the candidate so far."""
         self._uid_locks: list[int] = []
         """The reservations of the workers' uids, released by `close` after the workers are killed."""
 
@@ -67,11 +70,9 @@ class WorkerCalls:
     def start_candidate(self, private: Path, limits: SandboxLimits, *, device: str, use_fork_server: bool,
                         fd_socket: int) -> None:  # fmt: skip
         """Starts the candidate worker from ``private``'s ``submission.py`` with ``limits`` (its memory
-        limit is sized from the reference, so it starts after the reference's self-check); starts
-        the candidate's budget."""
+        limit is sized from the reference, so it starts after the reference's self-check)."""
         self.candidate = self._start(private, "candidate", limits, device=device,
                                      use_fork_server=use_fork_server, fd_socket=fd_socket)  # fmt: skip
-        self.deadline = time.monotonic() + self.timeout_s
 
     def _start(self, private: Path, role: Literal["reference", "candidate"], limits: SandboxLimits, *,
                device: str, use_fork_server: bool, fd_socket: int) -> WorkerProcess:  # fmt: skip
@@ -146,14 +147,16 @@ class WorkerCalls:
 
     def candidate_call(self, header: dict[str, Any], tensors: list[TensorBytes] | None = None, *, phase: str,
                        receive_only: bool = False, allow_error: bool = False) -> Frame:  # fmt: skip
-        """The candidate's reply to ``header`` within the deadline; ``phase`` names the step in errors."""
+        """The candidate's reply to ``header`` within what is left of its budget; ``phase`` names
+        the step in errors."""
         assert self.candidate is not None
-        left = self.deadline - time.monotonic()
+        left = self.budget_s - self.spent_s
         if left <= 0:
             raise StopGradingError(
                 Outcome.TIMEOUT,
                 f"candidate exceeded its {self.timeout_s:.0f} s budget during {phase}",
             )
+        started = time.monotonic()
         try:
             frame = _exchange(self.candidate, header, tensors, left, receive_only=receive_only)
         except WorkerTimeoutError:
@@ -163,6 +166,8 @@ class WorkerCalls:
             ) from None
         except WorkerDiedError as exc:
             raise self._candidate_death(exc, phase) from None
+        finally:
+            self.spent_s += time.monotonic() - started
         if not frame.header.get("ok") and not allow_error:
             kind = frame.header.get("error_type", "")
             outcome = (
