@@ -52,6 +52,12 @@ SLOW_TIMED_S = 15.0
 """Timed reference work a slow problem's plan aims at, in seconds."""
 MIN_PAIRS = 6
 WARMUP_PAIRS = 2
+MAX_EXTRA_WARMUP = 3
+"""Warm-up pairs added at most while a side's batches still fault pages in (`TimingRun`)."""
+COLD_FAULTS_PER_CALL = 256
+"""Page faults a call (1 MiB of 4 KiB pages) over which a warm-up batch counts as cold: an
+identity of KernelBench's level2/20 faulted 131,072-524,256 pages in timed calls after one
+warm-up pair, in the candidate (a younger heap) more than in the reference; warm, 0-3."""
 
 
 @dataclass(slots=True)
@@ -79,6 +85,8 @@ class Measurements:
     staging: StagingCpu | None = None
     """Staging CPU per batch (CPU devices, where inputs are staged)."""
     audit_failed: bool = False
+    warmup_pairs: int = 0
+    """Warm-up pairs run: the plan's, and any added while a side still faulted pages in."""
 
     @property
     def candidate_s_at_least(self) -> float:
@@ -171,6 +179,8 @@ class TimingRun:
         self._audit_failed = False
         self._disagreed = False
         self._quietest_empty_s = float("inf")
+        self._batch_faults = [0, 0]
+        """Page faults of each side's last batch (reference, candidate): the warm-up's test."""
 
     def run(self) -> Measurements:
         """Plans, shares the pool and times every pair."""
@@ -180,8 +190,10 @@ class TimingRun:
         entry_bytes = sum(len(t.data) for t in probe.tensors) or 1
         pooled_bytes = sum(len(t.data) for t in probe.tensors[:-1]) or 1  # inputs: the pool's entry
         plan = plan_timing(self._time_single(probe), pooled_bytes, self.timing_pairs)
-        order = self._new_round(plan, 0)
-        measured = Measurements(per_batch=plan.per_batch, entry_bytes=entry_bytes)
+        order = self._new_round(plan, 0, plan.pairs + plan.warmup)
+        measured = Measurements(
+            per_batch=plan.per_batch, entry_bytes=entry_bytes, warmup_pairs=plan.warmup
+        )
         with gc_paused():
             overhead_ref = self._empty_overhead(reference=True)
             measured.reference_empty_s = overhead_ref
@@ -198,8 +210,8 @@ class TimingRun:
         measured.quietest_empty_s = min(
             self._quietest_empty_s, min(measured.cand_batch_s, default=0.0)
         )
-        measured.timed_windows = self._cpu_windows[plan.warmup :]
-        measured.idle_windows = self._idle_windows[plan.warmup :]
+        measured.timed_windows = self._cpu_windows[measured.warmup_pairs :]
+        measured.idle_windows = self._idle_windows[measured.warmup_pairs :]
         measured.staging = self._staging_cpu
         measured.audit_failed = self._audit_failed
         return measured
@@ -207,13 +219,19 @@ class TimingRun:
     def _timing_loop(self, order: list[int], plan: TimingPlan, overhead_ref: float,
                      overhead_cand: float, measured: Measurements) -> None:  # fmt: skip
         """The timed pairs, appending per-call seconds to ``measured``'s times; ``order`` is the
-        first round's, and each later round's pool is made as the one before is used up."""
+        first round's, and each later round's pool is made as the one before is used up.
+
+        The warm-up goes on, up to ``MAX_EXTRA_WARMUP`` more pairs, while either side's last
+        warm-up batch took over ``COLD_FAULTS_PER_CALL`` page faults a call: a heap still
+        growing (`_worker.fix_allocator` keeps it once grown). The candidate can only lengthen
+        its own warm-up so, never shorten the reference's.
+        """
         ref_times, cand_times = measured.ref_times, measured.cand_times
         per_batch, warmup = plan.per_batch, plan.warmup
-        for index in range(plan.pairs + warmup):
-            local = index % plan.round_batches  # the batch within this round's pool
-            if local == 0 and index:
-                order = self._new_round(plan, index)
+        index = local = 0
+        while index < plan.pairs + warmup:
+            if local * per_batch >= len(order):  # this round's pool is used up
+                order, local = self._new_round(plan, index, plan.pairs + warmup), 0
             chunk = order[local * per_batch : (local + 1) * per_batch]
             # ABBA: who goes first alternates, so neither side gains from its place in the pair
             if index % 2 == 0:
@@ -223,7 +241,16 @@ class TimingRun:
                 cand_s, commits = self._staged_batch_candidate(local, chunk)
                 ref_s = self._staged_batch_reference(local, chunk)
             self._audit(chunk, commits)
-            if index >= warmup:
+            index, local = index + 1, local + 1
+            if (
+                index == warmup
+                and warmup < plan.warmup + MAX_EXTRA_WARMUP
+                and (max(self._batch_faults) > COLD_FAULTS_PER_CALL * len(chunk))
+            ):
+                warmup += 1
+                measured.warmup_pairs = warmup
+                continue
+            if index > warmup:
                 ref_times.append(max(ref_s - overhead_ref, 1e-9) / len(chunk))
                 cand_times.append(max(cand_s - overhead_cand, 1e-9) / len(chunk))
                 measured.cand_batch_s.append(cand_s)
@@ -246,10 +273,10 @@ class TimingRun:
                 break
         return best
 
-    def _new_round(self, plan: TimingPlan, first_batch: int) -> list[int]:
+    def _new_round(self, plan: TimingPlan, first_batch: int, batches_in_all: int) -> list[int]:
         """A pool of fresh inputs for the batches from ``first_batch`` on, as many as one pool
         holds (the last round only those still to time), and the order its entries are used in."""
-        batches = min(plan.round_batches, plan.pairs + plan.warmup - first_batch)
+        batches = min(plan.round_batches, batches_in_all - first_batch)
         size = batches * plan.per_batch
         staged = self._share_pool(size, plan.per_batch)
         order = list(range(size))
@@ -341,11 +368,14 @@ class TimingRun:
         return candidate.cpu_sample() if candidate is not None else None
 
     def _timed_batch_reference(self, indices: list[int], *, staged: bool = False) -> float:
+        assert self.calls.reference is not None
+        faults = self.calls.reference.minor_faults()
         cpu_before = self._cpu()
         start = time.perf_counter()
         self.calls.reference_call({"op": "batch", "indices": indices, "staged": staged})
         elapsed = time.perf_counter() - start
         cpu_after = self._cpu()
+        self._batch_faults[REFERENCE] = self.calls.reference.minor_faults() - faults
         if cpu_before is not None and cpu_after is not None:
             # the candidate is waiting for its next call: what does it compute meanwhile?
             self._idle_windows.append(CpuWindow(elapsed, *cpu_after.since(cpu_before)))
@@ -354,6 +384,8 @@ class TimingRun:
     def _timed_batch_candidate(
         self, indices: list[int], *, staged: bool = False
     ) -> tuple[float, list[str]]:
+        assert self.calls.candidate is not None
+        faults = self.calls.candidate.minor_faults()
         cpu_before = self._batch_cpu_before = self._cpu()
         start = time.perf_counter()
         frame = self.calls.candidate_call(
@@ -361,6 +393,7 @@ class TimingRun:
         )
         elapsed = time.perf_counter() - start
         cpu_after = self._cpu()
+        self._batch_faults[CANDIDATE] = self.calls.candidate.minor_faults() - faults
         if cpu_before is not None and cpu_after is not None:
             self._cpu_windows.append(CpuWindow(elapsed, *cpu_after.since(cpu_before)))
         commits = frame.header.get("commits")

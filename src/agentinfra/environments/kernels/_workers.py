@@ -373,6 +373,14 @@ class WorkerProcess:
                     threads.add((pid, int(tid)))
         return CpuSample(coarse, precise, frozenset(threads))
 
+    def minor_faults(self) -> int:
+        """Page faults without I/O taken so far by the process tree (``minflt`` in ``stat``)."""
+        total = 0
+        for pid in self.channel.descendants():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+        return total
+
     def peak_address_space(self) -> int | None:
         """The largest ``VmPeak`` (peak virtual memory, what ``RLIMIT_AS`` limits) in the process tree."""
         return self._largest("VmPeak:")
