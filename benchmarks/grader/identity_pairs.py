@@ -4,8 +4,9 @@
 
 For an identity that reads outside 0.9-1.1x: prints, per grading, each timed pair's
 seconds per call on both sides, and the page faults each side's worker tree took in
-each batch (warm-up included), then the verdict. It wraps the timing step's private
-methods (`_timing.TimingRun`) to read them; the grading itself is unchanged.
+each batch (warm-up included: what the timing's warm-up test reads), then the verdict.
+It wraps the timing step's private methods (`_timing.TimingRun`) to read them; the
+grading itself is unchanged.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ FAULTS: dict[str, list[int]] = {"reference": [], "candidate": []}
 
 
 def _counting(name: str, side: str) -> None:
+    """Keeps each non-empty batch's page faults, as the timing itself measured them."""
     original = getattr(_timing.TimingRun, name)
+    which = _timing.REFERENCE if side == "reference" else _timing.CANDIDATE
 
     def wrapped(self: Any, indices: list[int], *, staged: bool = False) -> Any:
-        worker = self.calls.reference if side == "reference" else self.calls.candidate
-        before = worker.minor_faults()
         result = original(self, indices, staged=staged)
         if indices:
-            FAULTS[side].append(worker.minor_faults() - before)
+            FAULTS[side].append(self._batch_faults[which])
         return result
 
     setattr(_timing.TimingRun, name, wrapped)

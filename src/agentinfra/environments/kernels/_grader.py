@@ -75,8 +75,8 @@ Covered:
     children, for a batch during which threads came or went), minus the CPU of
     an empty batch measured the same way, over the batch's wall time minus the
     empty batch's (at most the reference's empty batch: a candidate may only lower
-    what is subtracted, so sleeping in empty batches reads as nothing). Blocks only when the cores used over all timed batches
-    exceed ``threads * 1.5 + 0.25`` *and* at least half of the timed batches
+    what is subtracted, so sleeping in empty batches reads as nothing). Blocks only
+    when the cores used over all timed batches exceed ``threads * 1.5 + 0.25`` *and* at least half of the timed batches
     (and at least 3) exceed it on their own. A warning when the excess does not
     repeat; nothing is judged (a warning at most) when the timed work is under
     0.1 s of wall time or tick resolution could explain the excess.

@@ -245,7 +245,7 @@ class TimingRun:
             if (
                 index == warmup
                 and warmup < plan.warmup + MAX_EXTRA_WARMUP
-                and (max(self._batch_faults) > COLD_FAULTS_PER_CALL * len(chunk))
+                and max(self._batch_faults) > COLD_FAULTS_PER_CALL * len(chunk)
             ):
                 warmup += 1
                 measured.warmup_pairs = warmup

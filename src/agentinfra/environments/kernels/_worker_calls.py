@@ -3,8 +3,8 @@
 The reference is the problem's own code: when it fails, times out or dies, the
 problem is blamed (``grader_error`` with a ``problem`` finding), never the
 candidate. The candidate works within its wall-clock budget, which counts only
-the time the grader waits on it (a slow reference never spends it): a timeout is ``timeout``, a death ``crashed`` (``timeout`` for its CPU-time limit),
-an exception ``failed`` (``crashed`` for MemoryError and RecursionError). Each
+the time the grader waits on it (a slow reference never spends it): a timeout
+is ``timeout``, a death ``crashed`` (``timeout`` for its CPU-time limit), an exception ``failed`` (``crashed`` for MemoryError and RecursionError). Each
 outcome is raised as a `StopGradingError`, which the orchestrator turns into the
 verdict.
 """
@@ -54,7 +54,7 @@ class WorkerCalls:
         self.candidate: WorkerProcess | None = None
         self.budget_s = timeout_s
         """Seconds the grader may wait on the candidate's replies, all calls together (a slow
-        reference extends it: `GradingRun.size_candidate`)."""
+        reference extends it: `_grader._Grading.check_reference`)."""
         self.spent_s = 0.0
         """Seconds spent waiting on the candidate so far."""
         self._uid_locks: list[int] = []
