@@ -63,7 +63,7 @@ _L2_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (H100/H200: 50-6
 _TENSOR_ALIGN = 64  # each tensor in the pool file starts on a cache line
 _MADV_POPULATE_READ = 22  # linux/mman.h; Python's mmap has no name for it before 3.13
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
-_TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # mallopt takes an int: the largest it can say
+_NEVER_TRIM = -1  # mallopt's int, which glibc reads as the largest size_t: the heap never shrinks
 
 
 def _torch() -> Any:
@@ -556,16 +556,19 @@ def fix_allocator() -> bool:
     in the candidate and none in the reference, and its identity read 0.34x. Smaller blocks
     had moved too (06_attention's speedup 10-16% between gradings).
     Fixed here: every block comes from the heap (no ``mmap`` chunks) and freed memory stays
-    there (trim threshold 2 GiB), so from its second call on a call reuses warm memory
-    whatever ran before, on both sides, as PyTorch's caching allocator does on a GPU. A
-    submission may change this in its own process; that only moves its own timing.
+    there (the heap is never trimmed: a 2 GiB threshold gave ``level2/20``'s 2.1 GiB of
+    temporaries back after every call), so from its second call on a call reuses warm
+    memory whatever ran before, on both sides, as PyTorch's caching allocator does on a GPU.
+    The workers' `_workers.GLIBC_TUNABLES`, read at start, make PyTorch's aligned blocks
+    merge when freed. A submission may change this in its own process; that only moves its
+    own timing.
     """
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
+    return bool(mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
 
 
 def _write_all(writer: Any, data: bytes) -> None:

@@ -177,6 +177,21 @@ def _sys_paths(device: str) -> tuple[str, ...]:
     return ()
 
 
+GLIBC_TUNABLES = "glibc.malloc.tcache_count=0:glibc.malloc.mxfast=0"
+"""No per-thread cache and no fast bins in a worker's allocator, read when it starts.
+
+PyTorch allocates CPU tensors with ``posix_memalign(64)``, and glibc frees the few dozen
+bytes it carved to align a block into its thread cache or a fast bin, which are never
+merged with their neighbours. Such a sliver then sat between a freed temporary and the
+rest of the free heap, and the next call's request for the same size (plus the alignment
+slack) no longer fitted in the hole: it came from fresh pages above, faulted in and zeroed
+on every call. KernelBench's ``level2/20`` did that with 2 GiB of temporaries in one
+worker and not the other, and its identity read 1.33x. With both turned off a freed
+block merges at once, so a call reuses the same warm memory, on both sides
+(`_worker.fix_allocator` does the rest, and decision 0034 has the measurements).
+"""
+
+
 def _scrubbed_env(threads: int, home: str) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
@@ -187,6 +202,7 @@ def _scrubbed_env(threads: int, home: str) -> dict[str, str]:
         "MKL_NUM_THREADS": str(threads),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
+        "GLIBC_TUNABLES": GLIBC_TUNABLES,
     }
 
 
