@@ -186,9 +186,10 @@ merged with their neighbours. Such a sliver then sat between a freed temporary a
 rest of the free heap, and the next call's request for the same size (plus the alignment
 slack) no longer fitted in the hole: it came from fresh pages above, faulted in and zeroed
 on every call. KernelBench's ``level2/20`` did that with 2 GiB of temporaries in one
-worker and not the other, and its identity read 1.33x. With both turned off a freed
-block merges at once, so a call reuses the same warm memory, on both sides
-(`_worker.fix_allocator` does the rest, and decision 0034 has the measurements).
+worker and not the other, and its identity read 0.48-1.33x. With both turned off a freed
+block merges at once, so a call reuses the same warm memory, on both sides. The heap's
+never being trimmed (`_worker.fix_allocator`) is the other half; decision 0034 has the
+measurements.
 """
 
 
