@@ -370,6 +370,29 @@ def test_workers_started_without_the_fork_server_grade_alike(
     assert sandbox_uids() == set(), "a candidate process outlived its grading"
 
 
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "exec"])
+def test_both_workers_start_with_the_allocator_tunables(
+    monkeypatch: pytest.MonkeyPatch, fork_server: bool
+) -> None:
+    """Decision 0034: a worker whose environment lost `_workers.GLIBC_TUNABLES` is named, not timed silently."""
+    from agentinfra.environments.kernels import _workers
+
+    options = dataclasses.replace(QUICK, fork_server=fork_server)
+    verdict = grade_files(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", options)
+    assert verdict.outcome is Outcome.PASSED, verdict.model_dump_json(indent=1)
+    assert not [f for f in verdict.findings if "allocator" in f.message], verdict.findings
+    if fork_server:
+        return  # the zygote already started keeps its environment; the exec path reads it afresh
+    monkeypatch.setattr(_workers, "GLIBC_TUNABLES", "glibc.malloc.tcache_count=7")
+    lost = grade_files(PROBLEMS / "02_softmax.py", SUBMISSIONS / "02_softmax_manual.py", options)
+    warned = [
+        f for f in lost.findings if f.check == "timing_environment" and "allocator" in f.message
+    ]
+    assert len(warned) == 1, lost.findings
+    assert "tcache_count=7" in warned[0].evidence
+    assert sandbox_uids() == set()
+
+
 def test_a_fork_server_that_fails_is_a_grader_error_naming_the_knob(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -77,10 +77,17 @@ def test_a_problem_too_large_is_refused_in_seconds_naming_sizes_limit_and_knob(
     assert capped.outcome is Outcome.GRADER_ERROR
     assert "capped at 4.0 GiB" in (capped.error or "")
     assert "AGENTINFRA_GRADER_MEMORY" in (capped.error or "")
-    # on a machine without room for it too, the frame is named: a larger machine would not lift it
+    # on a machine without room for it too, the frame is named first (a larger machine would not
+    # lift it), then the machine's figure
     small = MemoryLedger(tmp_path, machine=lambda: MachineMemory(16 << 30, 12 << 30))
     machine = grade_identity("huge_output.py", memory_ledger=small)
-    assert "over the 4.0 GiB frame" in (machine.error or "")
+    error = machine.error or ""
+    assert machine.outcome is Outcome.GRADER_ERROR
+    assert checks(machine) == {"problem"}
+    assert "over the 4.0 GiB frame" in error
+    assert "nor would it fit this machine" in error
+    assert "MemAvailable 12.0 GiB of MemTotal 16.0 GiB" in error
+    assert error.index("frame") < error.index("MemAvailable")
 
 
 @pytest.mark.slow

@@ -126,7 +126,8 @@ problems load unchanged, and some are random or too large for the machine):
   before the model is built, the reference worker sizes parameters, one input
   set and the output on torch's meta device (nothing is allocated); over the
   wire's 4 GiB reply frame (outputs are compared whole, here) the problem is
-  refused in seconds. The grading then reserves its memory in the host's ledger
+  refused in seconds, naming the machine's figure too when it would not fit here
+  either. The grading then reserves its memory in the host's ledger
   (`agentinfra.sandbox.MemoryLedger`, shared by every grading process of this
   user), waiting in turn while other gradings hold it; only a grading that could
   not fit even on this machine with no other grading is refused (``grader_error``
@@ -197,6 +198,7 @@ from agentinfra.environments.kernels._grading_memory import (
 )
 from agentinfra.environments.kernels._judgements import (
     SpeedupResult,
+    both_refusals,
     judge_cores,
     judge_idle,
     judge_plausibility,
@@ -227,6 +229,7 @@ from agentinfra.environments.kernels._verdict import (
 )
 from agentinfra.environments.kernels._worker_calls import WorkerCalls, blame_problem
 from agentinfra.environments.kernels._workers import (
+    GLIBC_TUNABLES,
     MAX_REPLY_BYTES,
     SandboxLimits,
 )
@@ -426,26 +429,20 @@ class _Grading:
         assert reference is not None
         problem = self.private / "problem.py"
         hello = self.calls.reference_call({"op": "hello"}, receive_only=True)
-        if hello.header.get("allocator") != "glibc-fixed":
-            self._add(
-                Finding(
-                    check="timing_environment",
-                    severity="warn",
-                    message="the workers' allocator could not be put in its fixed state (no glibc mallopt): "
-                    "speedups of kernels that allocate megabytes per call vary more between gradings",
-                    evidence=f"allocator {hello.header.get('allocator')!r}",
-                )
-            )
+        self._check_allocator("reference", hello.header)
         sizes = self.calls.reference_call(
             {"op": "estimate", "path": reference.program_path(problem)}
         )
         cpu = self.options.device == "cpu"
         problem_sizes = ProblemSizes.from_header(sizes.header)
         baseline = reference.peak_address_space() if cpu else None
-        # the wire's and the cap's limits first (a larger machine would not lift them), then the machine's
-        refusal = size_refusal(
+        # the wire's and the cap's limits first (a larger machine would not lift them), then the machine's;
+        # a problem over both names both, so the machine's figure is always there when it does not fit
+        limit = size_refusal(
             sizes.header, memory_cap_bytes=self.options.memory_limit_bytes, max_reply_bytes=MAX_REPLY_BYTES
-        ) or self.memory.unfit(problem_sizes, baseline)  # fmt: skip
+        )  # fmt: skip
+        machine = self.memory.unfit(problem_sizes, baseline)
+        refusal = both_refusals(limit, machine) if limit and machine else limit or machine
         if refusal is not None:
             raise blame_problem(refusal)
         self.memory.admit(problem_sizes, baseline)
@@ -455,6 +452,26 @@ class _Grading:
              "seed": self.init_seed, "device": self.options.device}
         )  # fmt: skip
         return {"header": frame.header, "tensors": frame.tensors}
+
+    def _check_allocator(self, role: str, hello: dict[str, Any]) -> None:
+        """A warning when a worker's allocator is not in the state both sides share (`_worker.fix_allocator`
+        and `_workers.GLIBC_TUNABLES`): its hello, sent before any problem or submission code runs, says.
+        """
+        allocator, tunables = hello.get("allocator"), hello.get("tunables")
+        if allocator == "glibc-fixed" and tunables == GLIBC_TUNABLES:
+            return
+        if any(f.check == "timing_environment" and "allocator" in f.message for f in self.findings):
+            return  # one warning a grading
+        self._add(
+            Finding(
+                check="timing_environment",
+                severity="warn",
+                message="the workers' allocator could not be put in its fixed state (no glibc mallopt, or "
+                "the malloc tunables missing): speedups of kernels that allocate megabytes per call vary "
+                "more between gradings",
+                evidence=f"{role}: allocator {allocator!r}, GLIBC_TUNABLES {tunables!r} (wanted {GLIBC_TUNABLES!r})",
+            )
+        )
 
     def check_reference(self) -> None:
         """The reference's own self-check, the candidate's memory limit sized from it, and its budget.
@@ -501,7 +518,8 @@ class _Grading:
                     message="no namespaces on this machine: the candidate ran with resource limits only",
                 )
             )
-        self.calls.candidate_call({"op": "hello"}, receive_only=True, phase="start")
+        hello = self.calls.candidate_call({"op": "hello"}, receive_only=True, phase="start")
+        self._check_allocator("candidate", hello.header)
         header = loaded["header"]
         path = candidate.program_path(self.private / "submission.py")
         reply = self.calls.candidate_call(

@@ -37,6 +37,7 @@ __all__ = [
     "judge_staging",
     "judge_timing_disagreement",
     "physical_floor_s",
+    "both_refusals",
     "size_refusal",
     "speedup_result",
     "utilisation",
@@ -326,6 +327,15 @@ def size_refusal(
             f"supervisor; {parts}): shrink the problem's sizes to grade it here"
         )
     return None
+
+
+def both_refusals(limit: Refusal, machine: Refusal) -> Refusal:
+    """A problem over a limit a larger machine would not lift (the wire's frame, the user's cap) and
+    over this machine too: the limit first, then the machine's figure (`GradingMemory.unfit`)."""
+    return Refusal(
+        f"{limit.message}; nor would it fit this machine: {machine.message.removeprefix('problem too large for this machine: ')}",
+        machine.evidence,
+    )
 
 
 CAP_KNOB = (

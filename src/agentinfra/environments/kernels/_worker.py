@@ -599,7 +599,9 @@ def serve(fd_in: int, fd_out: int, fd_socket: int | None = None) -> None:
     }
     allocator = "glibc-fixed" if fix_allocator() else "default"
     _torch()  # imported before hello, so the supervisor can start both workers' imports at once
-    hello = {"ok": True, "op": "hello", "pid": os.getpid(), "allocator": allocator}
+    hello = {"ok": True, "op": "hello", "pid": os.getpid(), "allocator": allocator,
+             # what glibc read at this process's start (the fork server's zygote's, when forked)
+             "tunables": os.environ.get("GLIBC_TUNABLES", "")}  # fmt: skip
     _write_all(writer, encode_frame(hello))
     while True:
         try:
