@@ -551,6 +551,29 @@ def terminal_tasks() -> None:
         shell_solution("mv ~/Documents/report-draft.txt ~/Documents/report-final.txt"),
     )
 
+    # OSWorld's thunderbird/a10b69e1 and 15c3b339 shape: postconfig steps whose stdout a cache_file
+    # getter reads (checks: they run in the probe, on the snapshot), with check_list and check_csv
+    listing = {"type": "command", "parameters": {"command": ["ls", "-R", f"{H}/Mail"], "stdout": "mail.ls"}}
+    index = {"type": "command", "parameters": {"command": ["cat", f"{H}/Mail/folders.csv"], "stdout": "folders.csv"}}
+    folders = [{"name": "Work", "purpose": "job"}, {"name": "Home", "purpose": "family"}]
+    task(
+        "os-mail-folders",
+        "In a new folder Mail in your home, make the folders Work and Home, and write Mail/folders.csv with "
+        "the header name,purpose and one row for each folder: Work is for job, Home is for family.",
+        [XTERM],
+        {
+            "postconfig": [listing, index],
+            "func": ["check_list", "check_csv"],
+            "result": [{"type": "cache_file", "path": "mail.ls"}, {"type": "cache_file", "path": "folders.csv"}],
+            "expected": [rule(expect=["^Work$", "^Home$"]), rule(expect=folders)],
+        },
+        ["terminal"],
+        shell_solution(
+            "mkdir -p ~/Mail/Work ~/Mail/Home",
+            "printf 'name,purpose\\nWork,job\\nHome,family\\n' > ~/Mail/folders.csv",
+        ),
+    )
+
     def photo(path: Path, rotate: bool = False) -> None:
         image = Image.new("RGB", (64, 48), (240, 240, 240))
         ImageDraw.Draw(image).rectangle((4, 4, 30, 20), fill=(200, 30, 30))

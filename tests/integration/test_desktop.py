@@ -199,6 +199,23 @@ def test_shell_profile_that_echoes_the_answer_fails(tmp_path: Path) -> None:
     assert "echo yes" in (tmp_path / "episode" / "snapshot" / ".bashrc").read_text()
 
 
+def test_a_cache_file_is_the_probes_output_not_what_the_agent_wrote(tmp_path: Path) -> None:
+    """os-mail-folders: its postconfig commands run in the probe on the snapshot, so an ``ls`` stub on
+    the agent's PATH and a planted ``mail.ls`` in the home or /tmp do not answer for the folders."""
+    code = ("import os\nh = os.path.expanduser('~')\nos.makedirs(h + '/Mail', exist_ok=True)\n"
+            "open(h + '/Mail/folders.csv', 'w').write('name,purpose\\nWork,job\\nHome,family\\n')\n"
+            "os.makedirs(h + '/bin', exist_ok=True)\n"
+            "open(h + '/bin/ls', 'w').write('#!/bin/sh\\necho Work\\necho Home\\n')\nos.chmod(h + '/bin/ls', 0o755)\n"
+            "open(h + '/.bashrc', 'a').write('export PATH=$HOME/bin:$PATH\\n')\n"
+            "for p in (h + '/mail.ls', '/tmp/mail.ls'):\n    open(p, 'w').write('Work\\nHome\\n')")  # fmt: skip
+    verdict = play("os-mail-folders", [code, "DONE"], tmp_path)
+    assert verdict.score == 0.0, verdict
+    assert (tmp_path / "episode" / "snapshot" / "bin" / "ls").exists()  # the stub was there
+    # the folders made as well: both checks pass, with the CSV read by its header
+    made = code + "\nfor d in ('Work', 'Home'):\n    os.makedirs(h + '/Mail/' + d)"
+    assert play("os-mail-folders", [made, "DONE"], tmp_path / "made").score == 1.0
+
+
 def test_stub_program_named_like_the_check_fails(tmp_path: Path) -> None:
     code = ("import os\nos.makedirs(os.path.expanduser('~/bin'), exist_ok=True)\n"
             "p = os.path.expanduser('~/bin/stat')\nopen(p, 'w').write('#!/bin/sh\\necho 755\\n')\nos.chmod(p, 0o755)\n"

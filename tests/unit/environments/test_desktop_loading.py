@@ -157,3 +157,59 @@ def test_a_newline_starts_a_command_as_a_semicolon_does(tmp_path: Path) -> None:
     step = {"type": "execute", "parameters": {"shell": True, "command":
             "export DBUS_SESSION_BUS_ADDRESS='unix:path=/run/user/1000/bus'\ngnome-terminal --maximize"}}  # fmt: skip
     assert "needs GNOME Terminal" in _reason(tmp_path, None, [step])
+
+
+def _cache_file(name: str = "mail.ls", **params: Any) -> dict[str, Any]:
+    """OSWorld's thunderbird/a10b69e1 shape: a postconfig step's stdout, read by a cache_file getter."""
+    step = {"type": "command", "parameters": {"command": ["ls", "-R", "/home/user/Mail"], "stdout": name,
+                                              **params}}  # fmt: skip
+    return {"func": "check_list", "result": {"type": "cache_file", "path": "mail.ls"},
+            "expected": {"type": "rule", "rules": {"expect": ["Work"]}}, "postconfig": [step]}  # fmt: skip
+
+
+def test_a_cache_file_reads_a_postconfig_steps_stdout_run_as_a_check(tmp_path: Path) -> None:
+    from agentinfra.environments.desktop._episode import live_postconfig
+
+    assert _reason(tmp_path, None, **_cache_file()) == ""
+    task = _task(tmp_path, **_cache_file())
+    assert live_postconfig(task) == []  # never on the live desktop: in the probe, on the snapshot
+    assert list(task.output_steps()) == ["mail.ls"]
+    assert "which no postconfig step writes" in _reason(tmp_path, None, **_cache_file("other.ls"))
+
+
+def test_a_cache_file_step_must_be_answerable_by_the_probe_and_come_last(tmp_path: Path) -> None:
+    evaluator = _cache_file()
+    step = evaluator["postconfig"][0]
+    apt = {**step, "parameters": {**step["parameters"], "command": ["apt", "list", "--installed"]}}
+    assert "reads the installed packages" in _reason(
+        tmp_path, None, **{**evaluator, "postconfig": [apt]}
+    )
+    save = {"type": "execute", "parameters": {"command": ["python3", "-c", "print(1)"]}}
+    assert _reason(tmp_path, None, **{**evaluator, "postconfig": [save, step]}) == ""
+    assert "follows step 0, whose output a cache_file getter reads" in _reason(
+        tmp_path, None, **{**evaluator, "postconfig": [step, save]}
+    )
+    assert "stderr" in _reason(tmp_path, None, **_cache_file(stderr="err.out"))
+    assert "repeats until" in _reason(tmp_path, None, **_cache_file(until={"returncode": 0}))
+    assert "not a plain file name" in _reason(
+        tmp_path,
+        None,
+        **{**_cache_file("../mail.ls"), "result": {"type": "cache_file", "path": "../mail.ls"}},
+    )
+
+
+def test_a_download_before_a_cache_file_step_applies_to_what_it_reads(tmp_path: Path) -> None:
+    # OSWorld's thunderbird/dfac9ee8: a checker downloaded in postconfig, then run for its stdout
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    url = "https://example.org/list.py"
+    mirror_path(mirror, url).write_bytes(b"print('Work')\n")
+    download = {
+        "type": "download",
+        "parameters": {"files": [{"url": url, "path": "/home/user/list.py"}]},
+    }
+    run = {
+        "type": "execute",
+        "parameters": {"command": ["python3", "/home/user/list.py"], "stdout": "mail.ls"},
+    }
+    assert _reason(tmp_path, mirror, **{**_cache_file(), "postconfig": [download, run]}) == ""

@@ -141,13 +141,14 @@ def test_the_grader_copies_the_given_expected_file_from_osworlds_layout(tmp_path
     expected_dir.mkdir()
     spec = {"type": "cloud_file", "multi": True, "path": [GOLD, "https://files.example/o.xlsx"],
             "dest": ["2_SalesRep_gt1.xlsx", "other.xlsx"], "gives": [1]}  # fmt: skip
-    resolved = _getter(spec, expected_dir, cache, None, [], TASK_ID)
+    resolved = _getter(spec, expected_dir, cache, None, [], _task(tmp_path))
     assert resolved == {"kind": "file", "path": "/expected/0/other.xlsx"}
     assert (expected_dir / "0" / "other.xlsx").read_bytes() == b"other"
     # every file of the getter is there by its dest, given or not (a metric may read one beside)
     assert (expected_dir / "0" / "2_SalesRep_gt1.xlsx").read_bytes() == b"gold"
     vm = _getter({"type": "vm_file", "multi": True, "path": ["/home/user/a", "/home/user/b"],
-                  "dest": ["a", "b"], "gives": [0, 1]}, expected_dir, cache, None, [], TASK_ID)  # fmt: skip
+                  "dest": ["a", "b"], "gives": [0, 1]}, expected_dir, cache, None, [],
+                 _task(tmp_path))  # fmt: skip
     assert vm == {"kind": "file", "path": ["/home/user/a", "/home/user/b"]}
 
 

@@ -214,6 +214,21 @@ def test_docx_metrics(tmp_path: Path) -> None:
     assert evaluate.compare_line_spacing(a, b) == 0.0
 
 
+def test_check_csv_matches_records_by_column(tmp_path: Path) -> None:
+    # OSWorld's thunderbird/15c3b339 reads firefox_decrypt's CSV of accounts this way
+    (tmp_path / "a.csv").write_text("url,username,password\r\nimap://x,ada@example.org,pw\r\n")
+    result = evaluate.FileValue(tmp_path / "a.csv")
+    assert (
+        evaluate.check_csv(result, {"expect": [{"url": "imap://x", "username": "ada@example.org"}]})
+        == 1.0
+    )
+    assert evaluate.check_csv(result, {"expect": [{"username": "bob@example.org"}]}) == 0.0
+    assert evaluate.check_csv(result, {"unexpect": [{"password": "pw"}]}) == 0.0
+    assert evaluate.check_csv(result, {"expect": [{"no_such_column": ""}]}) == 0.0
+    assert evaluate.check_csv(result, {"expect": [], "unexpect": [{"username": "bob"}]}) == 1.0
+    assert evaluate.check_csv(None, {"expect": []}) == 0.0
+
+
 def test_text_metrics(tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("ERROR a\nINFO b\n")
     result = evaluate.FileValue(tmp_path / "r.txt")

@@ -136,8 +136,11 @@ _WINDOWLESS = frozenset({"socat", "pkill", "killall", "kill", "sleep"})
 
 
 def live_postconfig(task: DesktopTask) -> list[tuple[int, dict[str, Any]]]:
-    """The task's postconfig steps that run on the desktop (with their index): all but downloads."""
-    return [(i, s) for i, s in enumerate(task.postconfig) if s and s.get("type") != "download"]
+    """The task's postconfig steps that run on the desktop (with their index): all but downloads and
+    the steps whose output ``cache_file`` reads (checks: they run in the probe, `_grading`)."""
+    checks = {index for index, _ in task.output_steps().values()}
+    return [(i, s) for i, s in enumerate(task.postconfig)
+            if s and s.get("type") != "download" and i not in checks]  # fmt: skip
 
 
 async def run_setup_step(

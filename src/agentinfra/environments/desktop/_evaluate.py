@@ -20,6 +20,7 @@ It imports nothing of agentinfra (it is copied into the jail on its own).
 
 from __future__ import annotations
 
+import csv
 import io
 import itertools
 import json
@@ -1007,6 +1008,22 @@ def check_list(result: Value, rules: dict[str, Any], **_: Any) -> float:
     return 1.0 if expect and not unexpect else 0.0
 
 
+def check_csv(result: Value, rules: dict[str, Any], **_: Any) -> float:
+    """OSWorld's check_csv: every ``expect`` record (a dict of column values) matches some row of
+    the result's CSV (read by its header), and no ``unexpect`` record matches any row."""
+    text = _text(result)
+    if text is None:
+        return 0.0
+    rows = list(csv.DictReader(io.StringIO(text.replace("\r\n", "\n"))))
+
+    def matches(record: dict[str, Any], row: dict[str, Any]) -> bool:
+        return all(key in row and row[key] == value for key, value in record.items())
+
+    expect = all(any(matches(r, row) for row in rows) for r in rules.get("expect", []))
+    unexpect = any(matches(r, row) for r in rules.get("unexpect", []) for row in rows)
+    return 1.0 if expect and not unexpect else 0.0
+
+
 def compare_text_file(result: Value, expected: Value, **options: Any) -> float:
     """OSWorld's compare_text_file: the texts equal, after ``ignore_blanks`` (tabs and newlines to
     spaces, runs of whitespace to one, ends stripped) and ``ignore_case``."""
@@ -1902,7 +1919,7 @@ def _known_method(method: str) -> bool:
 
 METRICS = {f.__name__: f for f in (
     compare_table, compare_pptx_files, check_include_exclude, check_direct_json_object, exact_match,
-    compare_docx_files, compare_line_spacing, compare_pdfs, compare_images, check_list,
+    compare_docx_files, compare_line_spacing, compare_pdfs, compare_images, check_list, check_csv,
     compare_text_file, compare_csv, compare_docx_tables, compare_subscript_contains,
     has_page_numbers_in_footers, compare_font_names, is_first_line_centered, check_italic_font_size_14,
     contains_page_break, find_default_font, check_slide_orientation_Portrait, file_contains,

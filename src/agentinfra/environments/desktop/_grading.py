@@ -47,7 +47,10 @@ Covered:
   profiles, in a clean environment (``SHELL``, ``HOME``, ``USER``, ``PATH`` as in
   the desktop, less its virtual environment). Only stdout comes back, at most
   1 MiB and 30 s per command (90 s in all); a command cut short counts as no
-  output and is a finding.
+  output and is a finding. A postconfig ``execute``/``command`` step whose
+  ``stdout`` a ``cache_file`` getter reads is such a check too, not a live step:
+  it runs here after the other postconfig steps (they must come first), and its
+  output reaches the metric as a file of its own, as OSWorld's cache holds it.
 * **The grading jail executes nothing from the home**: another reserved uid, no
   network, the snapshot read-only at ``/home/user``, the expected files at
   ``/expected``, the grader's own Python and libraries, no ``PATH``. Commands'
@@ -197,12 +200,12 @@ class DesktopVerdict:
 
 
 def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None, a11y: str | None,
-            probes: list[ProbeCommand], task_id: str) -> dict[str, Any] | None:  # fmt: skip
+            probes: list[ProbeCommand], task: DesktopTask) -> dict[str, Any] | None:  # fmt: skip
     """A getter spec resolved to what the grading jail reads: a file or a value. A command is added
     to ``probes`` and stands as ``{"kind": "probe", "index"}`` until its output is known."""
     if spec is None:
         return None
-    kind = spec["type"]
+    kind, task_id = spec["type"], task.id
     if kind == "vm_file":
         files, single = getter_files(spec)
         paths = [path for path, _ in files]
@@ -238,6 +241,17 @@ def _getter(spec: dict[str, Any] | None, expected_dir: Path, mirror: Path | None
         index = len(probes)
         probes.append(ProbeCommand(spec["command"], bool(spec.get("shell"))))
         return {"kind": "probe", "index": index}
+    if kind == "cache_file":  # a postconfig step's stdout, as OSWorld writes it to its cache
+        name = str(spec.get("path"))
+        steps = task.output_steps()
+        if name not in steps:
+            raise TaskEnvironmentError(
+                f"cache_file reads {name!r}, which no postconfig step writes"
+            )
+        params = steps[name][1].get("parameters") or {}
+        index = len(probes)
+        probes.append(ProbeCommand(params["command"], bool(params.get("shell"))))
+        return {"kind": "probe", "index": index, "file": name}
     if kind == "accessibility_tree":
         return {"kind": "value", "value": a11y}
     raise TaskEnvironmentError(f"getter {kind!r} is not implemented")
@@ -260,12 +274,22 @@ def _relative_time(rules: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _probed(value: dict[str, Any] | None, outputs: list[ProbeOutput]) -> dict[str, Any] | None:
-    """A probe placeholder replaced by its command's output (None when it was cut short)."""
+def _probed(value: dict[str, Any] | None, outputs: list[ProbeOutput],
+            expected_dir: Path) -> dict[str, Any] | None:  # fmt: skip
+    """A probe placeholder replaced by its command's output (None when it was cut short); for
+    ``cache_file``, a file of it, in a folder of its own beside the expected files (the agent's
+    output, so no getter of an expected file reads that folder)."""
     if value is None or value["kind"] != "probe":
         return value
     output = outputs[value["index"]]
-    return {"kind": "value", "value": None if output.error else output.stdout}
+    if "file" not in value or output.error:
+        return {"kind": "value", "value": None if output.error else output.stdout}
+    folder = expected_dir / f"output-{value['index']}"
+    folder.mkdir()
+    (folder / value["file"]).write_text(output.stdout, encoding="utf-8")
+    (folder / value["file"]).chmod(0o444)
+    folder.chmod(0o555)
+    return {"kind": "file", "path": f"/expected/{folder.name}/{value['file']}"}
 
 
 def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None,
@@ -277,15 +301,15 @@ def _run_checks(task: DesktopTask, episode: EpisodeResult, mirror: Path | None,
     try:
         probes: list[ProbeCommand] = []
         a11y = episode.accessibility_xml
-        results = [_getter(s, expected_dir, mirror, a11y, probes, task.id)
+        results = [_getter(s, expected_dir, mirror, a11y, probes, task)
                    for s in task.specs("result")]  # fmt: skip
-        expected = [_getter(s, expected_dir, mirror, a11y, probes, task.id)
+        expected = [_getter(s, expected_dir, mirror, a11y, probes, task)
                     for s in task.specs("expected")]  # fmt: skip
         outputs = run_probe(probes, episode.snapshot, modes=modes, facts=episode.facts)
         request = {
             "funcs": task.funcs,
-            "results": [_probed(r, outputs) for r in results],
-            "expected": [_probed(e, outputs) for e in expected],
+            "results": [_probed(r, outputs, expected_dir) for r in results],
+            "expected": [_probed(e, outputs, expected_dir) for e in expected],
             "options": [s or {} for s in task.specs("options")],
         }
         os.chmod(workspace, 0o711)

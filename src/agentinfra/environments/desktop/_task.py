@@ -105,7 +105,7 @@ OSWORLD_METRICS = frozenset((
     "check_html_background_image", "compare_zip_files", "infeasible",
 ))  # fmt: skip
 """Every evaluator func OSWorld defines: one we lack is "not implemented", any other is unknown."""
-GETTERS = ("vm_file", "cloud_file", "rule", "rule_relativeTime", "vm_command_line",
+GETTERS = ("vm_file", "cloud_file", "cache_file", "rule", "rule_relativeTime", "vm_command_line",
            "accessibility_tree", "gimp_config_file", "vlc_config", *CHROME_GETTERS)  # fmt: skip
 """Result and expected getters we implement (Chrome's: those that read its profile's files)."""
 
@@ -212,6 +212,19 @@ class DesktopTask:
     @property
     def postconfig(self) -> list[dict[str, Any]]:
         return list(self.evaluator.get("postconfig") or [])
+
+    def output_steps(self) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Postconfig ``execute``/``command`` steps whose output a ``cache_file`` getter reads, by the
+        name they write it to (``stdout``), with their index. OSWorld runs them on the VM and writes
+        their output to its cache; here they are checks: they run in the probe, on the snapshot."""
+        found: dict[str, tuple[int, dict[str, Any]]] = {}
+        for index, step in enumerate(self.postconfig):
+            if step.get("type") in ("execute", "command"):
+                params = step.get("parameters") or {}
+                for key in ("stdout", "stderr"):
+                    if params.get(key):
+                        found.setdefault(str(params[key]), (index, step))
+        return found
 
     def specs(self, key: str) -> list[dict[str, Any] | None]:
         """``result``/``expected``/``options`` as one entry per func (OSWorld's parallel lists)."""
@@ -517,10 +530,41 @@ def _step_support(step: dict[str, Any], mirror: Path | None, task_id: str) -> st
     return ""
 
 
+def _output_step_support(task: DesktopTask) -> str:
+    """Why the steps that write what ``cache_file`` reads cannot run as checks ("" when they can).
+
+    They run in the probe after every other postconfig step has applied (the live ones, then the
+    downloads into the snapshot), so they must come last; only their stdout comes back."""
+    outputs = task.output_steps()
+    if not outputs:
+        return ""
+    first = min(index for index, _ in outputs.values())
+    for index, step in enumerate(task.postconfig[first:], start=first):
+        params = step.get("parameters") or {}
+        if step.get("type") not in ("execute", "command") or not params.get("stdout"):
+            return (f"postconfig step {index} ({step.get('type')}) follows step {first}, whose output a "
+                    "cache_file getter reads; such steps run as checks after all the others")  # fmt: skip
+    for name, (index, step) in outputs.items():
+        params = step.get("parameters") or {}
+        if params.get("stderr"):
+            return f"postconfig step {index} writes its stderr for cache_file; the probe returns stdout only"
+        if _one_name(name) != name:
+            return f"postconfig step {index} writes its stdout to {name!r}, not a plain file name"
+        if params.get("until"):
+            return f"postconfig step {index} repeats until {params['until']!r}; a check runs once"
+        reason = _command_needs(params.get("command"), bool(params.get("shell")))
+        if reason:
+            return f"postconfig step {index}: {reason}"
+    return ""
+
+
 def _postconfig_support(task: DesktopTask) -> str:
     """Downloads in postconfig apply to the frozen snapshot, so nothing live may come after one."""
     downloaded = False
+    outputs = {index for index, _ in task.output_steps().values()}
     for index, step in enumerate(task.postconfig):
+        if index in outputs:
+            continue  # a check on the snapshot (`_output_step_support`), not a live step
         if step["type"] == "download":
             downloaded = True
             for item in (step.get("parameters") or {}).get("files") or []:
@@ -541,7 +585,7 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
         reason = _step_support(step, mirror, task.id)
         if reason:
             return Support(False, reason)
-    reason = _postconfig_support(task)
+    reason = _postconfig_support(task) or _output_step_support(task)
     if reason:
         return Support(False, reason)
     for func in task.funcs:
@@ -575,6 +619,9 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
                 reason = _command_needs(spec.get("command"), bool(spec.get("shell")))
                 if reason:
                     return Support(False, reason)
+            if spec["type"] == "cache_file" and str(spec.get("path")) not in task.output_steps():
+                return Support(False, f"cache_file reads {spec.get('path')!r}, which no postconfig "
+                                      "step writes (only a step's stdout is kept here)")  # fmt: skip
             if spec["type"] == "cloud_file":
                 for link, dest in getter_files(spec, every=True)[0]:
                     if mirror_file(mirror, link, task_id=task.id, dest=dest, cloud=True) is None:
