@@ -574,6 +574,32 @@ def terminal_tasks() -> None:
         ),
     )
 
+    # OSWorld's os/4d117223 shape: a checker downloaded in postconfig to a relative path (the home),
+    # made executable by a postconfig chmod (applied to the snapshot with it), run by the check
+    put_text(
+        "eval-backups.sh",
+        "#!/bin/bash\n# every .txt under notes has a .bak copy beside it, with the same contents\n"
+        "ok=1\nfor f in notes/*.txt; do\n  cmp -s \"$f\" \"${f%.txt}.bak\" || { echo \"missing: $f\"; ok=0; }\ndone\n"
+        "[ \"$ok\" = 1 ] && echo 'Success: every note is backed up.'\n",
+    )
+    put_text("note-a.txt", "buy milk\n")
+    put_text("note-b.txt", "call the bank\n")
+    task(
+        "os-backup-notes",
+        "Make a backup copy of each .txt file in the notes folder of your home, beside it, with the same name "
+        "ending in .bak instead of .txt.",
+        [download("note-a.txt", f"{H}/notes/a.txt"), download("note-b.txt", f"{H}/notes/b.txt"), XTERM],
+        {
+            "postconfig": [download("eval-backups.sh", "eval.sh"),
+                           {"type": "execute", "parameters": {"command": "chmod +x eval.sh", "shell": True}}],
+            "func": "check_include_exclude",
+            "result": command("./eval.sh"),
+            "expected": rule(include=["Success: every note is backed up."], exclude=["missing"]),
+        },
+        ["terminal"],
+        shell_solution("cd ~/notes && for f in *.txt; do cp \"$f\" \"${f%.txt}.bak\"; done"),
+    )
+
     def photo(path: Path, rotate: bool = False) -> None:
         image = Image.new("RGB", (64, 48), (240, 240, 240))
         ImageDraw.Draw(image).rectangle((4, 4, 30, 20), fill=(200, 30, 30))

@@ -216,6 +216,25 @@ def test_a_cache_file_is_the_probes_output_not_what_the_agent_wrote(tmp_path: Pa
     assert play("os-mail-folders", [made, "DONE"], tmp_path / "made").score == 1.0
 
 
+def test_a_downloaded_checker_is_the_mirrors_whatever_the_agent_left_at_its_path(
+    tmp_path: Path,
+) -> None:
+    """os-backup-notes: postconfig downloads eval.sh (a relative path: the home) and chmods it (applied
+    to the snapshot); the agent's own eval.sh, or a link there, does not answer for the backups."""
+    forged = ("import os\np = os.path.expanduser('~/eval.sh')\n"
+              "open(p, 'w').write('#!/bin/sh\\necho Success: every note is backed up.\\n')\nos.chmod(p, 0o755)")  # fmt: skip
+    assert play("os-backup-notes", [forged, "DONE"], tmp_path / "forged").score == 0.0
+    linked = "import os\nos.symlink('/bin/true', os.path.expanduser('~/eval.sh'))"
+    verdict = play("os-backup-notes", [linked, "DONE"], tmp_path / "linked")
+    assert verdict.score == 0.0
+    assert any(f.check == "postconfig_failed" for f in verdict.findings), verdict.findings
+    solved = ("import os, shutil\nn = os.path.expanduser('~/notes')\n"
+              "for f in ('a', 'b'):\n    shutil.copy(f'{n}/{f}.txt', f'{n}/{f}.bak')")  # fmt: skip
+    assert play("os-backup-notes", [solved, "DONE"], tmp_path / "solved").score == 1.0
+    half = "import os, shutil\nn = os.path.expanduser('~/notes')\nshutil.copy(n + '/a.txt', n + '/a.bak')"
+    assert play("os-backup-notes", [half, "DONE"], tmp_path / "half").score == 0.0
+
+
 def test_stub_program_named_like_the_check_fails(tmp_path: Path) -> None:
     code = ("import os\nos.makedirs(os.path.expanduser('~/bin'), exist_ok=True)\n"
             "p = os.path.expanduser('~/bin/stat')\nopen(p, 'w').write('#!/bin/sh\\necho 755\\n')\nos.chmod(p, 0o755)\n"

@@ -213,3 +213,64 @@ def test_a_download_before_a_cache_file_step_applies_to_what_it_reads(tmp_path: 
         "parameters": {"command": ["python3", "/home/user/list.py"], "stdout": "mail.ls"},
     }
     assert _reason(tmp_path, mirror, **{**_cache_file(), "postconfig": [download, run]}) == ""
+
+
+def test_a_comment_in_a_shell_check_does_not_hide_the_next_line(tmp_path: Path) -> None:
+    # joined into one line first, "# note" ran to the end of the text and hid `ps` from the check
+    assert "live process list" in _reason(
+        tmp_path, None, **_command("echo hi # note\nps aux | grep x")
+    )
+    assert _reason(tmp_path, None, **_command("echo 'a # not a comment' x#y")) == ""
+
+
+def _checker(tmp_path: Path, script: str, chmod: str = "chmod +x eval.sh") -> tuple[Any, Path]:
+    """OSWorld's os/4d117223 shape: eval.sh downloaded to a relative path, chmod'ed, then run."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir(exist_ok=True)
+    url = "https://example.org/eval.sh"
+    mirror_path(mirror, url).write_text(script)
+    evaluator = {
+        "func": "check_include_exclude",
+        "result": {"type": "vm_command_line", "command": "bash eval.sh", "shell": True},
+        "expected": {"type": "rule", "rules": {"include": ["ok"], "exclude": []}},
+        "postconfig": [{"type": "download", "parameters": {"files": [{"url": url, "path": "eval.sh"}]}},
+                       {"type": "execute", "parameters": {"command": chmod, "shell": True}}],
+    }  # fmt: skip
+    return _task(tmp_path, **evaluator), mirror
+
+
+def test_a_downloaded_checker_is_read_for_what_it_needs_and_its_chmod_applies_to_the_snapshot(
+    tmp_path: Path,
+) -> None:
+    from agentinfra.environments.desktop._episode import live_postconfig
+    from agentinfra.environments.desktop._task import snapshot_chmods
+
+    task, mirror = _checker(
+        tmp_path, "#!/bin/bash\n# checks the home\n[ -f ~/out.txt ] && echo ok\n"
+    )
+    assert support(task, mirror).reason == ""
+    assert snapshot_chmods(task) == {1: ("+x", ["/home/user/eval.sh"])}
+    assert live_postconfig(task) == []
+    task, mirror = _checker(
+        tmp_path, 'BASE_DIR="/tmp/test_files"\nls "$BASE_DIR" && echo ok\n'
+    )  # os/37887e8c
+    assert "the check runs eval.sh: the check reads /tmp/test_files" in support(task, mirror).reason
+    task, mirror = _checker(tmp_path, "# a comment first\npgrep -f app && echo ok\n")
+    assert "live process list" in support(task, mirror).reason
+    task, mirror = _checker(tmp_path, "echo 'unbalanced\n")
+    assert "cannot be read" in support(task, mirror).reason
+    # a chmod of anything else is a live step after a download, as before
+    task, mirror = _checker(tmp_path, "echo ok\n", chmod="chmod +x eval.sh other.sh")
+    assert "follows a download" in support(task, mirror).reason
+
+
+def test_chmod_modes_as_chmod_reads_them() -> None:
+    from agentinfra.environments.desktop._task import chmod_mode
+
+    assert chmod_mode("+x", 0o644) == 0o755
+    assert chmod_mode("u+x", 0o644) == 0o744
+    assert chmod_mode("go-r", 0o644) == 0o600
+    assert chmod_mode("a+rw", 0o400) == 0o666
+    assert chmod_mode("755", 0o600) == 0o755
+    assert chmod_mode("000", 0o644) == 0
+    assert chmod_mode("u=rwx", 0o644) is None  # not read: the step stays live

@@ -121,6 +121,8 @@ class Controller:
 
     # -- setup steps -----------------------------------------------------------
     def write_file(self, path: str, data: str) -> dict[str, Any]:
+        # a relative path is under the home, where commands run (OSWorld's ``setup.sh`` downloads)
+        path = os.path.join(os.environ["HOME"], path)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "wb") as handle:
             handle.write(base64.b64decode(data))

@@ -46,6 +46,7 @@ from agentinfra.environments.desktop._task import (
     mirror_file,
     mirror_hint,
     placeholders,
+    snapshot_chmods,
 )
 from agentinfra.errors import TaskEnvironmentError
 
@@ -136,9 +137,10 @@ _WINDOWLESS = frozenset({"socat", "pkill", "killall", "kill", "sleep"})
 
 
 def live_postconfig(task: DesktopTask) -> list[tuple[int, dict[str, Any]]]:
-    """The task's postconfig steps that run on the desktop (with their index): all but downloads and
-    the steps whose output ``cache_file`` reads (checks: they run in the probe, `_grading`)."""
-    checks = {index for index, _ in task.output_steps().values()}
+    """The task's postconfig steps that run on the desktop (with their index): all but downloads, the
+    ``chmod`` of what they brought (`snapshot_chmods`: applied to the snapshot with them) and the
+    steps whose output ``cache_file`` reads (checks: they run in the probe, `_grading`)."""
+    checks = {index for index, _ in task.output_steps().values()} | set(snapshot_chmods(task))
     return [(i, s) for i, s in enumerate(task.postconfig)
             if s and s.get("type") != "download" and i not in checks]  # fmt: skip
 

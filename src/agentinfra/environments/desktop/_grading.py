@@ -24,8 +24,13 @@ Covered:
 * **Downloads never touch the live home.** A postconfig ``download`` (a checker,
   the gold) is written from the mirror into the frozen snapshot, in the grader's
   space, following no symbolic link at any component; whatever the agent left at
-  that path is replaced by the mirror's bytes. A task whose live postconfig step
-  follows a download is unsupported (its effect would depend on the download).
+  that path is replaced by the mirror's bytes; a relative path is under the home
+  (the controller's and the probe's working folder), and a ``chmod`` step of
+  what was downloaded (OSWorld's ``chmod +x eval.sh``) sets the snapshot's
+  recorded modes. A task whose live postconfig step follows a download is
+  unsupported (its effect would depend on the download). A downloaded shell
+  checker that a check runs is read (never run here) for what it needs: live
+  state or paths the probe does not have make the task unsupported.
 * **The snapshot keeps what matters and says what it drops.** Symbolic links are
   kept as links (never followed, by the copy or by the grader: a file getter
   whose real path leaves the home reads as no file); permission bits are recorded
@@ -128,9 +133,12 @@ from agentinfra.environments.desktop._probe import ProbeCommand, ProbeOutput, ru
 from agentinfra.environments.desktop._task import (
     DesktopTask,
     app_config_path,
+    chmod_mode,
     getter_files,
+    home_path,
     mirror_file,
     mirror_hint,
+    snapshot_chmods,
 )
 from agentinfra.errors import TaskEnvironmentError, UidExhaustedError
 from agentinfra.sandbox import (
@@ -371,11 +379,23 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
     whatever the agent left at that path. No link is followed: a path whose
     component is a link, or that leaves ``/home/user``, is refused. ``modes`` (the
     manifest's permission bits, for the probe) records the written files as 0o644
-    and their folders as at least 0o700. Returns one ``postconfig_failed`` block
+    and their folders as at least 0o700, then what a ``chmod`` step of those files
+    sets (`snapshot_chmods`); a relative path is under the home. Returns one ``postconfig_failed`` block
     finding per refused or failed step (none when all applied).
     """
     findings: list[Finding] = []
+    chmods = snapshot_chmods(task)
     for index, step in enumerate(task.postconfig):
+        if (
+            index in chmods
+        ):  # OSWorld's ``chmod +x eval.sh``: the recorded mode of what was downloaded
+            mode, paths = chmods[index]
+            for path in paths:
+                relative = path[len(HOME_PREFIX) :]
+                changed = chmod_mode(mode, modes[relative]) if relative in modes else None
+                if changed is not None:
+                    modes[relative] = changed
+            continue
         if step.get("type") != "download":
             continue
         for item in (step.get("parameters") or {}).get("files") or []:
@@ -395,6 +415,7 @@ def _download_into(snapshot: Path, url: str, path: str, mirror: Path | None,
     source = mirror_file(mirror, url, task_id=task_id, dest=path)
     if source is None:
         raise TaskEnvironmentError(mirror_hint(mirror, url, task_id=task_id, dest=path))
+    path = home_path(path)
     if not path.startswith(HOME_PREFIX):
         raise TaskEnvironmentError(f"{path} is outside {HOME_PREFIX}, the only place snapshotted")
     relative = path[len(HOME_PREFIX) :]

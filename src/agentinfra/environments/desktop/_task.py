@@ -453,6 +453,39 @@ _PROBE_VISIBLE = ("/home/user", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc
 _ABSOLUTE = re.compile(r"(?:^|[=:])(/[^\s:=]*)")
 
 
+def _one_line(text: str) -> str:
+    """Shell text with its comments dropped and each newline outside quotes made ``;`` (a newline
+    ends a command as ``;`` does; joined first, a comment would have run to the end of the text)."""
+    out: list[str] = []
+    quote = ""
+    index = 0
+    while index < len(text):
+        char = text[index]
+        if quote:
+            if char == "\\" and quote == '"' and index + 1 < len(text):
+                out += [char, text[index + 1]]
+                index += 2
+                continue
+            quote = "" if char == quote else quote
+        elif char == "\\" and index + 1 < len(text):
+            out += [char, text[index + 1]] if text[index + 1] != "\n" else [" "]
+            index += 2
+            continue
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (not out or out[-1][-1] in " \t;|&()"):
+            end = text.find("\n", index)
+            index = len(text) if end < 0 else end
+            continue
+        elif char == "\n":
+            out.append(" ; ")
+            index += 1
+            continue
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
 def _tokens(command: Any, shell: bool) -> list[str]:
     """A command's words: a list as given; a shell string split as the shell would (operators apart)."""
     if isinstance(command, list):
@@ -461,9 +494,9 @@ def _tokens(command: Any, shell: bool) -> list[str]:
         return []
     if not shell:
         return command.split()
-    # A newline ends a command as ";" does (inside quotes the replacement stays in the word).
-    lexer = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
+    lexer = shlex.shlex(_one_line(command), posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
+    lexer.commenters = ""
     try:
         return list(lexer)
     except ValueError:  # unbalanced quotes: the shell says so when the step runs
@@ -530,7 +563,88 @@ def _step_support(step: dict[str, Any], mirror: Path | None, task_id: str) -> st
     return ""
 
 
-def _output_step_support(task: DesktopTask) -> str:
+def home_path(path: str) -> str:
+    """A postconfig path as OSWorld's VM reads it: a relative one is relative to the home, the working
+    folder of the controller and of the probe (OSWorld's ``eval.sh`` checkers are downloaded so)."""
+    return path if path.startswith("/") else f"/home/user/{path}"
+
+
+_CHMOD_SYMBOLIC = re.compile(r"^([ugoa]*)([+-])([rwx]+)$")
+
+
+def chmod_mode(mode: str, old: int) -> int | None:
+    """``old`` changed as ``chmod MODE`` changes it (octal, or ``[ugoa]*[+-][rwx]+``); None for any other form."""
+    if re.fullmatch(r"[0-7]{3,4}", mode):
+        return int(mode, 8) & 0o7777
+    match = _CHMOD_SYMBOLIC.match(mode)
+    if match is None:
+        return None
+    who, sign, what = match.groups()
+    shifts = [
+        s for letter, s in (("u", 6), ("g", 3), ("o", 0)) if not who or "a" in who or letter in who
+    ]
+    bits = sum((4 if "r" in what else 0) + (2 if "w" in what else 0) + (1 if "x" in what else 0) << s
+               for s in shifts)  # fmt: skip
+    return old | bits if sign == "+" else old & ~bits
+
+
+def snapshot_chmods(task: DesktopTask) -> dict[int, tuple[str, list[str]]]:
+    """Postconfig steps that only ``chmod`` files an earlier postconfig step downloaded (OSWorld's
+    ``chmod +x eval.sh``), by index: (mode, home paths). The downloads apply to the snapshot, so
+    these do too, to its recorded modes (what the probe's copy gets); they never run live."""
+    downloaded: set[str] = set()
+    found: dict[int, tuple[str, list[str]]] = {}
+    for index, step in enumerate(task.postconfig):
+        params = step.get("parameters") or {}
+        if step.get("type") == "download":
+            downloaded |= {
+                home_path(str(item.get("path", ""))) for item in params.get("files") or []
+            }
+            continue
+        if (
+            step.get("type") not in ("execute", "command")
+            or params.get("stdout")
+            or params.get("stderr")
+        ):
+            continue
+        command = params.get("command")
+        if isinstance(command, str) and (
+            not params.get("shell") or re.search(r"[;&|<>$`(){}*?~\\]", command)
+        ):
+            continue  # a plain string runs as one program name; a shell string with more than words is not this
+        words = _tokens(command, bool(params.get("shell")))
+        if len(words) < 3 or words[0] != "chmod" or chmod_mode(words[1], 0o644) is None:
+            continue
+        paths = [home_path(w) for w in words[2:]]
+        if all(p in downloaded for p in paths):
+            found[index] = (words[1], paths)
+    return found
+
+
+def _script_needs(task: DesktopTask, mirror: Path | None, command: Any, shell: bool) -> str:
+    """Why a script a check runs, downloaded in postconfig from the mirror, cannot be answered by the
+    probe (its text read for what it names, never run here); "" when it can or the check runs none."""
+    tokens = {home_path(t.removeprefix("./")) for t in _tokens(command, shell)}
+    for step in task.postconfig:
+        if step.get("type") != "download":
+            continue
+        for item in (step.get("parameters") or {}).get("files") or []:
+            path = str(item.get("path", ""))
+            if home_path(path) not in tokens or not path.endswith(".sh"):
+                continue  # only shell scripts are read (a Python checker is not shell text)
+            source = mirror_file(mirror, str(item.get("url", "")), task_id=task.id, dest=path)
+            if source is None:
+                continue  # the download's own check names the missing file
+            text = source.read_text(encoding="utf-8", errors="replace")
+            if text.strip() and not _tokens(text, True):
+                return f"the check runs {path}, whose shell text cannot be read for what it needs"
+            reason = _command_needs(text, True)
+            if reason:
+                return f"the check runs {path}: {reason}"
+    return ""
+
+
+def _output_step_support(task: DesktopTask, mirror: Path | None) -> str:
     """Why the steps that write what ``cache_file`` reads cannot run as checks ("" when they can).
 
     They run in the probe after every other postconfig step has applied (the live ones, then the
@@ -552,7 +666,8 @@ def _output_step_support(task: DesktopTask) -> str:
             return f"postconfig step {index} writes its stdout to {name!r}, not a plain file name"
         if params.get("until"):
             return f"postconfig step {index} repeats until {params['until']!r}; a check runs once"
-        reason = _command_needs(params.get("command"), bool(params.get("shell")))
+        command, shell = params.get("command"), bool(params.get("shell"))
+        reason = _command_needs(command, shell) or _script_needs(task, mirror, command, shell)
         if reason:
             return f"postconfig step {index}: {reason}"
     return ""
@@ -561,14 +676,14 @@ def _output_step_support(task: DesktopTask) -> str:
 def _postconfig_support(task: DesktopTask) -> str:
     """Downloads in postconfig apply to the frozen snapshot, so nothing live may come after one."""
     downloaded = False
-    outputs = {index for index, _ in task.output_steps().values()}
+    outputs = {index for index, _ in task.output_steps().values()} | set(snapshot_chmods(task))
     for index, step in enumerate(task.postconfig):
         if index in outputs:
-            continue  # a check on the snapshot (`_output_step_support`), not a live step
+            continue  # applied to the snapshot, or a check on it (`_output_step_support`): not live
         if step["type"] == "download":
             downloaded = True
             for item in (step.get("parameters") or {}).get("files") or []:
-                if not str(item.get("path", "")).startswith("/home/user/"):
+                if not home_path(str(item.get("path", ""))).startswith("/home/user/"):
                     return (f"postconfig step {index} downloads to {item.get('path')}, outside "
                             "/home/user: downloads apply to the snapshot of the home")  # fmt: skip
         elif downloaded:
@@ -585,7 +700,7 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
         reason = _step_support(step, mirror, task.id)
         if reason:
             return Support(False, reason)
-    reason = _postconfig_support(task) or _output_step_support(task)
+    reason = _postconfig_support(task) or _output_step_support(task, mirror)
     if reason:
         return Support(False, reason)
     for func in task.funcs:
@@ -616,7 +731,10 @@ def support(task: DesktopTask, mirror: Path | None) -> Support:
                 except TaskEnvironmentError as exc:
                     return Support(False, str(exc))
             if spec["type"] == "vm_command_line":
-                reason = _command_needs(spec.get("command"), bool(spec.get("shell")))
+                command, shell = spec.get("command"), bool(spec.get("shell"))
+                reason = _command_needs(command, shell) or _script_needs(
+                    task, mirror, command, shell
+                )
                 if reason:
                     return Support(False, reason)
             if spec["type"] == "cache_file" and str(spec.get("path")) not in task.output_steps():
