@@ -25,6 +25,7 @@ from agentinfra.environments.desktop import (
     run_scripted,
 )
 from agentinfra.environments.desktop._session import check_prerequisites
+from agentinfra.environments.desktop._task import support
 from agentinfra.errors import TaskEnvironmentError
 from agentinfra.sandbox import pids_by_uid
 
@@ -233,6 +234,30 @@ def test_a_downloaded_checker_is_the_mirrors_whatever_the_agent_left_at_its_path
     assert play("os-backup-notes", [solved, "DONE"], tmp_path / "solved").score == 1.0
     half = "import os, shutil\nn = os.path.expanduser('~/notes')\nshutil.copy(n + '/a.txt', n + '/a.bak')"
     assert play("os-backup-notes", [half, "DONE"], tmp_path / "half").score == 0.0
+
+
+def test_a_checker_the_setup_downloads_is_written_again_before_the_check(tmp_path: Path) -> None:
+    """OSWorld's os/5c1075ca shape: eval.sh downloaded and chmod'ed in the setup, run by the check.
+    The agent's rewrite of it does not answer: the mirror's bytes and the setup's mode are restored
+    in the snapshot first."""
+    raw = json.loads((TASKS / "os-backup-notes.json").read_text())
+    download, chmod = raw["evaluator"].pop("postconfig")
+    raw["config"] = [download, chmod, *raw["config"]]
+    (tmp_path / "task.json").write_text(json.dumps(raw))
+    task = load_desktop_task(tmp_path / "task.json")
+    assert support(task, MIRROR).supported
+
+    def run(code: str, name: str) -> Any:
+        return run_scripted(task, "pyautogui", [code, "DONE"], mirror=MIRROR, track="code",
+                            episode_dir=tmp_path / name, accessibility=False)  # fmt: skip
+
+    forged = ("import os\np = os.path.expanduser('~/eval.sh')\n"
+              "open(p, 'w').write('#!/bin/sh\\necho Success: every note is backed up.\\n')")  # fmt: skip
+    assert run(forged, "forged").score == 0.0
+    solved = ("import os, shutil\nn = os.path.expanduser('~/notes')\n"
+              "for f in ('a', 'b'):\n    shutil.copy(f'{n}/{f}.txt', f'{n}/{f}.bak')\n"
+              "os.chmod(os.path.expanduser('~/eval.sh'), 0o600)")  # fmt: skip
+    assert run(solved, "solved").score == 1.0  # the setup's +x restored: ./eval.sh runs
 
 
 def test_stub_program_named_like_the_check_fails(tmp_path: Path) -> None:

@@ -138,6 +138,7 @@ from agentinfra.environments.desktop._task import (
     home_path,
     mirror_file,
     mirror_hint,
+    setup_checkers,
     snapshot_chmods,
 )
 from agentinfra.errors import TaskEnvironmentError, UidExhaustedError
@@ -380,10 +381,24 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
     component is a link, or that leaves ``/home/user``, is refused. ``modes`` (the
     manifest's permission bits, for the probe) records the written files as 0o644
     and their folders as at least 0o700, then what a ``chmod`` step of those files
-    sets (`snapshot_chmods`); a relative path is under the home. Returns one ``postconfig_failed`` block
+    sets (`snapshot_chmods`); a relative path is under the home. A shell checker the
+    setup downloaded and a check runs is written again first (`setup_checkers`). Returns one ``postconfig_failed`` block
     finding per refused or failed step (none when all applied).
     """
     findings: list[Finding] = []
+    for url, path, mode in setup_checkers(task):  # the setup's checker, as the mirror holds it
+        try:
+            _download_into(snapshot, url, path, mirror, modes, task.id)
+        except (TaskEnvironmentError, OSError) as exc:
+            findings.append(Finding(
+                check="postconfig_failed", severity="block",
+                message=f"the setup's checker {path}, written again over the agent's copy: {exc}"[:1000],
+            ))  # fmt: skip
+            continue
+        relative = home_path(path)[len(HOME_PREFIX) :]
+        changed = chmod_mode(mode, modes[relative]) if mode is not None else None
+        if changed is not None:
+            modes[relative] = changed
     chmods = snapshot_chmods(task)
     for index, step in enumerate(task.postconfig):
         if (

@@ -588,13 +588,11 @@ def chmod_mode(mode: str, old: int) -> int | None:
     return old | bits if sign == "+" else old & ~bits
 
 
-def snapshot_chmods(task: DesktopTask) -> dict[int, tuple[str, list[str]]]:
-    """Postconfig steps that only ``chmod`` files an earlier postconfig step downloaded (OSWorld's
-    ``chmod +x eval.sh``), by index: (mode, home paths). The downloads apply to the snapshot, so
-    these do too, to its recorded modes (what the probe's copy gets); they never run live."""
+def _chmods(steps: list[dict[str, Any]]) -> dict[int, tuple[str, list[str]]]:
+    """The steps that only ``chmod`` files an earlier one of ``steps`` downloaded, by index: (mode, home paths)."""
     downloaded: set[str] = set()
     found: dict[int, tuple[str, list[str]]] = {}
-    for index, step in enumerate(task.postconfig):
+    for index, step in enumerate(steps):
         params = step.get("parameters") or {}
         if step.get("type") == "download":
             downloaded |= {
@@ -618,19 +616,65 @@ def snapshot_chmods(task: DesktopTask) -> dict[int, tuple[str, list[str]]]:
         paths = [home_path(w) for w in words[2:]]
         if all(p in downloaded for p in paths):
             found[index] = (words[1], paths)
+    return found  # fmt: skip
+
+
+def snapshot_chmods(task: DesktopTask) -> dict[int, tuple[str, list[str]]]:
+    """Postconfig steps that only ``chmod`` files an earlier postconfig step downloaded (OSWorld's
+    ``chmod +x eval.sh``), by index: (mode, home paths). The downloads apply to the snapshot, so
+    these do too, to its recorded modes (what the probe's copy gets); they never run live."""
+    return _chmods(task.postconfig)
+
+
+def _check_commands(task: DesktopTask) -> list[tuple[Any, bool]]:
+    """The commands the task's checks run in the probe: ``vm_command_line`` getters and the steps
+    whose stdout ``cache_file`` reads."""
+    found = [(spec.get("command"), bool(spec.get("shell"))) for key in ("result", "expected")
+             for spec in task.specs(key) if spec is not None and spec["type"] == "vm_command_line"]  # fmt: skip
+    for _, step in task.output_steps().values():
+        params = step.get("parameters") or {}
+        found.append((params.get("command"), bool(params.get("shell"))))
     return found
 
 
-def _script_needs(task: DesktopTask, mirror: Path | None, command: Any, shell: bool) -> str:
-    """Why a script a check runs, downloaded in postconfig from the mirror, cannot be answered by the
-    probe (its text read for what it names, never run here); "" when it can or the check runs none."""
-    tokens = {home_path(t.removeprefix("./")) for t in _tokens(command, shell)}
-    for step in task.postconfig:
+def _runs(command: Any, shell: bool, path: str) -> bool:
+    """Whether ``command`` names the shell script ``path`` (as ``bash eval.sh``, ``./eval.sh``, its home path)."""
+    return path.endswith(".sh") and home_path(path) in {
+        home_path(t.removeprefix("./")) for t in _tokens(command, shell)
+    }
+
+
+def setup_checkers(task: DesktopTask) -> list[tuple[str, str, str | None]]:
+    """Shell scripts the setup downloads and a check runs (OSWorld's ``os/5c1075ca``: ``eval.sh`` in
+    the setup, ``bash eval.sh`` as the check): (url, path, the setup's chmod mode of it or None).
+    The agent could have rewritten one in its home, so the grader writes the mirror's bytes over it
+    in the snapshot before the checks, as it does for a postconfig download."""
+    commands = _check_commands(task)
+    modes: dict[str, str] = {}
+    for mode, paths in _chmods(task.config).values():
+        for path in paths:
+            modes[path] = mode
+    found: list[tuple[str, str, str | None]] = []
+    for step in task.config:
         if step.get("type") != "download":
             continue
         for item in (step.get("parameters") or {}).get("files") or []:
             path = str(item.get("path", ""))
-            if home_path(path) not in tokens or not path.endswith(".sh"):
+            if any(_runs(command, shell, path) for command, shell in commands):
+                found.append((str(item.get("url", "")), path, modes.get(home_path(path))))
+    return found
+
+
+def _script_needs(task: DesktopTask, mirror: Path | None, command: Any, shell: bool) -> str:
+    """Why a shell script a check runs, downloaded by the setup or in postconfig from the mirror, cannot
+    be answered by the probe (its text read for what it names, never run here); "" when it can or the
+    check runs none."""
+    for step in [*task.config, *task.postconfig]:
+        if step.get("type") != "download":
+            continue
+        for item in (step.get("parameters") or {}).get("files") or []:
+            path = str(item.get("path", ""))
+            if not _runs(command, shell, path):
                 continue  # only shell scripts are read (a Python checker is not shell text)
             source = mirror_file(mirror, str(item.get("url", "")), task_id=task.id, dest=path)
             if source is None:
