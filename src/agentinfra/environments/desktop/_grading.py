@@ -382,8 +382,9 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
     manifest's permission bits, for the probe) records the written files as 0o644
     and their folders as at least 0o700, then what a ``chmod`` step of those files
     sets (`snapshot_chmods`); a relative path is under the home. A shell checker the
-    setup downloaded and a check runs is written again first (`setup_checkers`). Returns one ``postconfig_failed`` block
-    finding per refused or failed step (none when all applied).
+    setup downloaded and a check runs is written again first (`setup_checkers`).
+    Returns one ``postconfig_failed`` block finding per refused or failed step (none
+    when all applied).
     """
     findings: list[Finding] = []
     for url, path, mode in setup_checkers(task):  # the setup's checker, as the mirror holds it
@@ -395,10 +396,8 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
                 message=f"the setup's checker {path}, written again over the agent's copy: {exc}"[:1000],
             ))  # fmt: skip
             continue
-        relative = home_path(path)[len(HOME_PREFIX) :]
-        changed = chmod_mode(mode, modes[relative]) if mode is not None else None
-        if changed is not None:
-            modes[relative] = changed
+        if mode is not None:
+            _chmod_recorded(modes, mode, home_path(path))
     chmods = snapshot_chmods(task)
     for index, step in enumerate(task.postconfig):
         if (
@@ -406,10 +405,7 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
         ):  # OSWorld's ``chmod +x eval.sh``: the recorded mode of what was downloaded
             mode, paths = chmods[index]
             for path in paths:
-                relative = path[len(HOME_PREFIX) :]
-                changed = chmod_mode(mode, modes[relative]) if relative in modes else None
-                if changed is not None:
-                    modes[relative] = changed
+                _chmod_recorded(modes, mode, path)
             continue
         if step.get("type") != "download":
             continue
@@ -423,6 +419,15 @@ def apply_snapshot_downloads(task: DesktopTask, snapshot: Path, mirror: Path | N
                     message=f"postconfig step {index} (download) to {path}: {exc}"[:1000],
                 ))  # fmt: skip
     return findings
+
+
+def _chmod_recorded(modes: dict[str, int], mode: str, path: str) -> None:
+    """``chmod MODE`` of the home path ``path`` applied to the snapshot's recorded modes (a file
+    written there: a download that failed has no mode to change)."""
+    relative = path[len(HOME_PREFIX) :]
+    changed = chmod_mode(mode, modes[relative]) if relative in modes else None
+    if changed is not None:
+        modes[relative] = changed
 
 
 def _download_into(snapshot: Path, url: str, path: str, mirror: Path | None,
