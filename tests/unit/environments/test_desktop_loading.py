@@ -274,3 +274,21 @@ def test_chmod_modes_as_chmod_reads_them() -> None:
     assert chmod_mode("755", 0o600) == 0o755
     assert chmod_mode("000", 0o644) == 0
     assert chmod_mode("u=rwx", 0o644) is None  # not read: the step stays live
+
+
+def test_only_a_script_a_check_runs_is_a_checker_not_one_it_names(tmp_path: Path) -> None:
+    # os-chmod: the check stats ~/backup.sh, which the setup downloaded; the agent's chmod must stand
+    from agentinfra.environments.desktop._task import setup_checkers
+
+    config = [
+        {
+            "type": "download",
+            "parameters": {"files": [{"url": "https://e.org/b.sh", "path": "/home/user/b.sh"}]},
+        }
+    ]
+    named = _task(tmp_path, config, **_command("stat -c %a /home/user/b.sh"))
+    assert setup_checkers(named) == []
+    for command in ("bash b.sh", "./b.sh", "cd /home/user && sh -e /home/user/b.sh | grep ok"):
+        assert [
+            path for _, path, _ in setup_checkers(_task(tmp_path, config, **_command(command)))
+        ] == ["/home/user/b.sh"], command

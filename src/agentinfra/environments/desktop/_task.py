@@ -503,24 +503,30 @@ def _tokens(command: Any, shell: bool) -> list[str]:
         return []
 
 
-def _command_words(command: Any, shell: bool) -> list[str]:
-    """The programs a command starts: its first word, and in a shell string every word in a
-    command position (after ``|``, ``&&``, ``;``, ``(``, a keyword or a prefix such as ``nohup``),
-    assignments (``X=1``) skipped."""
-    tokens = _tokens(command, shell)
+def _command_positions(tokens: list[str], shell: bool) -> list[int]:
+    """Where ``tokens`` start programs: the first word, and in a shell string every word in a command
+    position (after ``|``, ``&&``, ``;``, ``(``, a keyword or a prefix such as ``nohup``), assignments
+    (``X=1``) skipped."""
     if not shell:
-        return [Path(tokens[0]).name] if tokens else []
-    words: list[str] = []
+        return [0] if tokens else []
+    found: list[int] = []
     at_start = True
-    for token in tokens:
+    for index, token in enumerate(tokens):
         if token in _STARTS_COMMAND:
             at_start = True
         elif at_start and _ASSIGNMENT.match(token):
             continue
         elif at_start:
-            words.append(Path(token).name if "/" in token else token)
+            found.append(index)
             at_start = token in _KEYWORDS
-    return words
+    return found
+
+
+def _command_words(command: Any, shell: bool) -> list[str]:
+    """The programs a command starts (`_command_positions`), by name."""
+    tokens = _tokens(command, shell)
+    return [Path(tokens[i]).name if "/" in tokens[i] or not shell else tokens[i]
+            for i in _command_positions(tokens, shell)]  # fmt: skip
 
 
 def _command_needs(command: Any, shell: bool) -> str:
@@ -637,11 +643,25 @@ def _check_commands(task: DesktopTask) -> list[tuple[Any, bool]]:
     return found
 
 
+_SCRIPT_RUNNERS = {"bash", "sh", "source", "."}
+
+
 def _runs(command: Any, shell: bool, path: str) -> bool:
-    """Whether ``command`` names the shell script ``path`` (as ``bash eval.sh``, ``./eval.sh``, its home path)."""
-    return path.endswith(".sh") and home_path(path) in {
-        home_path(t.removeprefix("./")) for t in _tokens(command, shell)
-    }
+    """Whether ``command`` runs the shell script ``path``: as a program (``./eval.sh``, its home path)
+    or as the script of ``bash``/``sh``/``source`` (``bash eval.sh``); naming it otherwise (``stat
+    -c %a ~/backup.sh``) is not running it."""
+    if not path.endswith(".sh"):
+        return False
+    target = home_path(path)
+    tokens = _tokens(command, shell)
+    for index in _command_positions(tokens, shell):
+        if home_path(tokens[index].removeprefix("./")) == target:
+            return True
+        if Path(tokens[index]).name in _SCRIPT_RUNNERS:
+            rest = [t for t in tokens[index + 1 :] if not t.startswith("-")]
+            if rest and home_path(rest[0].removeprefix("./")) == target:
+                return True
+    return False
 
 
 def setup_checkers(task: DesktopTask) -> list[tuple[str, str, str | None]]:
